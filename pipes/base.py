@@ -1,0 +1,112 @@
+"""The node protocol every tokenloom node follows, enforced in one place.
+
+A node is a `torchdata.nodes.BaseNode`. A subclass fills three methods:
+
+- ``reset(initial_state)``: go to the start (``None``) or to a saved position;
+  setup is lazy, so ``reset`` must stay cheap (no reads, no tokenizing);
+- ``next()``: return the next item or raise ``StopIteration``;
+- ``get_state()``: return a small dict of plain values whose keys are exactly
+  the class constant ``STATE_KEYS``.
+
+`Node` wraps the subclass's ``reset`` and ``get_state`` (in ``__init_subclass__``)
+so that every node checks the same things the same way: a state passed to
+``reset`` must carry exactly ``STATE_KEYS`` (a state from another node, another
+version or another pipeline is refused with a message naming the node and the
+keys), and ``get_state`` must return exactly those keys at every step. A parent
+node's state always sits under one key of its child's state, so a pipeline's
+state is a tree that mirrors the graph.
+
+The check costs one set comparison per state call (~1 µs), which is noise next
+to the hundreds of microseconds a batch of tokenizing takes.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Dict, Mapping, Optional, Tuple, TypeVar
+
+from torchdata.nodes import BaseNode
+
+T = TypeVar("T")
+
+
+class StateError(ValueError):
+    """A saved state does not fit the node it is being loaded into."""
+
+
+def _describe(node: object) -> str:
+    return type(node).__name__
+
+
+def check_state_keys(node: object, state: Mapping[str, Any], keys: Tuple[str, ...]) -> None:
+    """Raise `StateError` unless ``state`` has exactly ``keys``."""
+    if not isinstance(state, Mapping):
+        raise StateError(
+            f"{_describe(node)}: a saved state must be a dict, got {type(state).__name__}; "
+            "pass the value returned by state_dict() unchanged"
+        )
+    got = set(state)
+    want = set(keys)
+    if got != want:
+        missing = sorted(want - got)
+        extra = sorted(got - want)
+        raise StateError(
+            f"{_describe(node)}: saved state does not match this node ({missing=}, {extra=}). "
+            "The state was saved by a different pipeline or tokenloom version; "
+            "rebuild the loader with the settings it was saved with, or start without a state."
+        )
+
+
+class Node(BaseNode[T]):
+    """Base class of tokenloom nodes: see the module docstring for the contract."""
+
+    #: The keys of this node's state; subclasses must declare them.
+    STATE_KEYS: Tuple[str, ...] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "reset" in cls.__dict__:
+            cls.reset = _checked_reset(cls.__dict__["reset"])  # type: ignore[method-assign]
+        if "get_state" in cls.__dict__:
+            cls.get_state = _checked_get_state(cls.__dict__["get_state"])  # type: ignore[method-assign]
+
+    def __init__(self) -> None:
+        super().__init__()
+
+    def reset(self, initial_state: Optional[Dict[str, Any]] = None) -> None:  # noqa: D401
+        BaseNode.reset(self, initial_state)
+
+    def next(self) -> T:  # pragma: no cover - abstract
+        raise NotImplementedError(f"{_describe(self)} must implement next()")
+
+    def get_state(self) -> Dict[str, Any]:  # pragma: no cover - abstract
+        raise NotImplementedError(f"{_describe(self)} must implement get_state()")
+
+
+def _checked_reset(fn):
+    @functools.wraps(fn)
+    def reset(self: Node, initial_state: Optional[Dict[str, Any]] = None) -> None:
+        if initial_state is not None:
+            check_state_keys(self, initial_state, type(self).STATE_KEYS)
+        # The BaseNode bookkeeping (lazy-initialisation flag) is done here so a
+        # subclass cannot forget it.
+        BaseNode.reset(self, initial_state)
+        fn(self, initial_state)
+
+    reset.__tokenloom_checked__ = True  # type: ignore[attr-defined]
+    return reset
+
+
+def _checked_get_state(fn):
+    @functools.wraps(fn)
+    def get_state(self: Node) -> Dict[str, Any]:
+        state = fn(self)
+        keys = type(self).STATE_KEYS
+        if len(state) != len(keys) or any(k not in state for k in keys):
+            raise StateError(
+                f"{_describe(self)}.get_state() returned keys {sorted(state)} but declares "
+                f"STATE_KEYS={list(keys)}; a node must return the same keys at every step"
+            )
+        return state
+
+    return get_state

@@ -1,0 +1,147 @@
+"""Turn what a user wrote (path, glob, directory, URI, or a list of them) into files.
+
+Every spec goes through `pyarrow.fs`, so ``/data/x.parquet``, ``data/*.parquet``,
+``data/`` (searched recursively), ``s3://bucket/prefix/*.parquet`` and
+``gs://...`` are handled by one code path. A spec that matches nothing is an
+error naming the spec, never an empty epoch that spins forever.
+
+Files are returned sorted by path so every rank and worker lists the same files
+in the same order; the order is what the shard assignment is computed from.
+
+The fingerprint that guards a resume is built from each file's path relative
+to the spec it matched (so a corpus moved to another mount still matches) and
+its size in bytes (so a rewritten file does not).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import os
+from dataclasses import dataclass, field
+from typing import List, Sequence, Tuple, Union
+
+import pyarrow.fs as pafs
+
+#: File endings a directory spec picks up, per format.
+FORMAT_SUFFIXES = {
+    "parquet": (".parquet", ".pq"),
+    "jsonl": (".jsonl", ".json", ".ndjson"),
+    "txt": (".txt", ".md", ".text"),
+}
+
+SourceSpec = Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]]
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    """One resolved file: the filesystem it lives on, its path there, its size, and the
+    name it is known by in fingerprints (relative to the spec that matched it).
+
+    The filesystem object travels with the file because it carries options that a
+    bare path loses (an S3 endpoint override, credentials); pyarrow filesystems pickle.
+    """
+
+    path: str
+    size: int
+    name: str
+    fs: pafs.FileSystem = field(compare=False, repr=False)
+    uri: str = ""
+
+    def open(self):
+        """A seekable pyarrow input file."""
+        return self.fs.open_input_file(self.path)
+
+
+def _is_glob(path: str) -> bool:
+    return any(c in path for c in "*?[")
+
+
+def _split_uri(spec: str) -> Tuple[pafs.FileSystem, str, str]:
+    """Return (filesystem, path inside it, scheme prefix for display)."""
+    if "://" in spec:
+        fs, path = pafs.FileSystem.from_uri(spec)
+        return fs, path, spec.split("://", 1)[0] + "://"
+    return pafs.LocalFileSystem(), os.path.abspath(os.path.expanduser(spec)), ""
+
+
+def _glob_root(path: str) -> str:
+    root = []
+    for part in path.split("/"):
+        if _is_glob(part):
+            break
+        root.append(part)
+    return "/".join(root) or "/"
+
+
+def resolve_files(spec: SourceSpec, fmt: str = "parquet") -> List[SourceFile]:
+    """Resolve one spec or a list of specs into a sorted, de-duplicated list of files.
+
+    Raises `FileNotFoundError` naming the spec when it matches no file.
+    """
+    if fmt not in FORMAT_SUFFIXES:
+        raise ValueError(f"{fmt=} is not a known format; use one of {sorted(FORMAT_SUFFIXES)}")
+    specs = [spec] if isinstance(spec, (str, os.PathLike)) else list(spec)
+    if not specs:
+        raise ValueError("no source given: pass a path, glob, directory or URI (or a list of them)")
+    out: dict = {}
+    for one in specs:
+        for f in _resolve_one(os.fspath(one), fmt):
+            out.setdefault(f.uri, f)
+    return [out[k] for k in sorted(out)]
+
+
+def _resolve_one(spec: str, fmt: str) -> List[SourceFile]:
+    try:
+        fs, path, prefix = _split_uri(spec)
+    except Exception as e:  # pyarrow raises ArrowInvalid / OSError for bad URIs
+        raise FileNotFoundError(f"cannot open source {spec!r}: {e}") from e
+    try:
+        if _is_glob(path):
+            base = _glob_root(path)
+            infos = fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
+            files = [i for i in infos if i.type == pafs.FileType.File and fnmatch.fnmatch(i.path, path)]
+        else:
+            info = fs.get_file_info(path)
+            if info.type == pafs.FileType.File:
+                files, base = [info], os.path.dirname(path)
+            elif info.type == pafs.FileType.Directory:
+                base = path
+                infos = fs.get_file_info(pafs.FileSelector(path, recursive=True))
+                files = [
+                    i for i in infos
+                    if i.type == pafs.FileType.File
+                    and i.path.endswith(FORMAT_SUFFIXES[fmt])
+                    and not os.path.basename(i.path).startswith((".", "_"))
+                ]
+            else:
+                raise FileNotFoundError(f"source {spec!r} does not exist (looked for {path!r})")
+    except FileNotFoundError:
+        raise
+    except OSError as e:
+        raise FileNotFoundError(f"cannot list source {spec!r}: {e}") from e
+    if not files:
+        what = "glob" if _is_glob(path) else "directory"
+        raise FileNotFoundError(
+            f"source {spec!r} matched no {fmt} files ({what} {path!r}); "
+            f"check the path, or the file endings {FORMAT_SUFFIXES[fmt]}"
+        )
+    base = base.rstrip("/")
+    return [
+        SourceFile(
+            path=i.path,
+            size=int(i.size),
+            name=os.path.relpath(i.path, base) if base else i.path,
+            fs=fs,
+            uri=prefix + i.path,
+        )
+        for i in files
+    ]
+
+
+def fingerprint_files(files: Sequence[SourceFile]) -> str:
+    """A short hash of (relative name, size) of every file, order included."""
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f"{f.name}\0{f.size}\n".encode())
+    return h.hexdigest()[:16]
