@@ -1,0 +1,117 @@
+"""Rows -> the training batch: a dict of tensors with the same shapes every step.
+
+From ``B`` rows of ``C = T + 1`` tokens:
+
+| key | shape, dtype | meaning |
+|---|---|---|
+| ``input_ids`` | (B, T) int64 | ``row[:-1]`` |
+| ``labels`` | (B, T) int64 | ``row[1:]``; -100 where the target is padding or not trained (sft) |
+| ``position_ids`` | (B, T) int64 | restart at 0 at every segment start (and for a padding run) |
+| ``segment_ids`` | (B, T) int32 | 1, 2, ... per segment in a row; 0 = padding |
+| ``cu_seqlens`` | (B*T + 1,) int32 | FlashAttention varlen boundaries over the flattened (B*T) inputs; a padding run is its own sequence; trailing entries repeat B*T |
+| ``max_seqlen`` | () int32 | longest sequence in ``cu_seqlens`` |
+| ``num_seqs`` | () int32 | how many entries of ``cu_seqlens`` are real boundaries, minus one |
+
+``cu_seqlens`` is padded to its upper bound (every input token its own
+sequence) so its shape never changes: repeated trailing values are
+zero-length sequences, which varlen kernels skip; ``cu_seqlens[:num_seqs + 1]``
+gives the exact list when a dynamic shape is fine. FlexAttention document masks
+need only ``segment_ids``.
+
+The batch is complete inside one ``next()``, so the batcher's state is just its
+parent's. A finite stream's last batch is filled with padding rows (all labels
+-100, ``segment_ids`` 0) so shapes stay fixed; ``stats`` count them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+import torch
+
+from .base import Node
+from .items import Row
+
+IGNORE_INDEX = -100
+
+
+def collate_rows(rows: List[Row], *, batch_size: int, seq_len: int, pad_id: int) -> Dict[str, torch.Tensor]:
+    """Build the batch dict from up to ``batch_size`` rows (missing rows are padding)."""
+    B, T, C = batch_size, seq_len, seq_len + 1
+    tokens = np.full((B, C), pad_id, dtype=np.int64)
+    target = np.zeros((B, C), dtype=bool)  # token j is a training target
+    seg_ids = np.zeros((B, C), dtype=np.int32)
+    pos_ids = np.zeros((B, C), dtype=np.int64)
+    bounds: List[np.ndarray] = []
+    max_seqlen = 0
+    for b in range(B):
+        if b < len(rows):
+            row = rows[b]
+            tokens[b] = row.tokens
+            lens = row.seg_lens.astype(np.int64)
+            real = int(lens.sum())
+        else:
+            lens = np.empty(0, np.int64)
+            real = 0
+        # segments plus, if any, the trailing padding run as one more piece
+        pieces = lens if real == C else np.append(lens, C - real)
+        starts = np.concatenate([[0], np.cumsum(pieces)[:-1]])
+        k = len(lens)
+        seg_ids[b, :real] = np.repeat(np.arange(1, k + 1, dtype=np.int32), lens)
+        pos_ids[b] = np.arange(C) - np.repeat(starts, pieces)
+        mask = rows[b].mask if b < len(rows) else None
+        if mask is not None:
+            target[b, :real] = mask[:real]
+        else:
+            target[b, :real] = True
+        # Boundaries of the inputs (first T tokens): piece starts below T, then T.
+        in_starts = starts[starts < T]
+        bounds.append(in_starts + b * T)
+        ends = np.append(in_starts[1:], T)
+        max_seqlen = max(max_seqlen, int((ends - in_starts).max()))
+    labels = tokens[:, 1:].copy()
+    labels[~target[:, 1:]] = IGNORE_INDEX
+    cu = np.concatenate(bounds + [np.array([B * T])]).astype(np.int32)
+    cu_full = np.full(B * T + 1, B * T, dtype=np.int32)
+    cu_full[: len(cu)] = cu
+    return {
+        "input_ids": torch.from_numpy(tokens[:, :-1].copy()),
+        "labels": torch.from_numpy(labels),
+        "position_ids": torch.from_numpy(pos_ids[:, :-1].copy()),
+        "segment_ids": torch.from_numpy(seg_ids[:, :-1].copy()),
+        "cu_seqlens": torch.from_numpy(cu_full),
+        "max_seqlen": torch.tensor(max_seqlen, dtype=torch.int32),
+        "num_seqs": torch.tensor(len(cu) - 1, dtype=torch.int32),
+    }
+
+
+class Batch(Node[Dict[str, torch.Tensor]]):
+    """Collects ``batch_size`` rows per batch; a final partial batch is completed
+    with padding rows, never dropped."""
+
+    PARENT = "parent"
+    STATE_KEYS = (PARENT,)
+
+    def __init__(self, parent: Node[Row], *, batch_size: int, seq_len: int, pad_id: int = 0):
+        super().__init__()
+        if batch_size < 1:
+            raise ValueError(f"{batch_size=} must be >= 1")
+        self.parent, self.batch_size, self.seq_len, self.pad_id = parent, batch_size, seq_len, pad_id
+
+    def reset(self, initial_state: Optional[Dict[str, Any]] = None) -> None:
+        self.parent.reset(None if initial_state is None else initial_state[self.PARENT])
+
+    def next(self) -> Dict[str, torch.Tensor]:
+        rows: List[Row] = []
+        for _ in range(self.batch_size):
+            try:
+                rows.append(next(self.parent))
+            except StopIteration:
+                break
+        if not rows:
+            raise StopIteration
+        return collate_rows(rows, batch_size=self.batch_size, seq_len=self.seq_len, pad_id=self.pad_id)
+
+    def get_state(self) -> Dict[str, Any]:
+        return {self.PARENT: self.parent.state_dict()}

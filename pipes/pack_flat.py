@@ -1,0 +1,96 @@
+"""Flat packing: documents laid end to end and cut into rows of ``seq_len + 1`` tokens.
+
+No padding and nothing dropped (only the very last row of a finite stream is
+padded); a row may start in the middle of a document, which then restarts its
+positions at 0 in the new row. This is nanochat's original loader, with an exact
+position as its state: the upstream state just before the current document
+plus how many of its tokens were already placed.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+
+from .base import Node
+from .items import Row, TokenDoc
+from .pack_stats import load_stats, new_stats
+
+
+class FlatPack(Node[Row]):
+    PARENT = "parent"
+    OFFSET = "offset"
+    STATS = "stats"
+    STATE_KEYS = (PARENT, OFFSET, STATS)
+
+    def __init__(self, parent: Node[TokenDoc], *, seq_len: int, pad_id: int = 0):
+        super().__init__()
+        if seq_len < 1:
+            raise ValueError(f"{seq_len=} must be >= 1")
+        self.parent, self.row_len, self.pad_id = parent, seq_len + 1, pad_id
+        self._doc: Optional[TokenDoc] = None
+        self._doc_state: Optional[Dict[str, Any]] = None
+        self._off = 0
+        self._skip = 0
+        self._stats = new_stats()
+
+    def reset(self, initial_state: Optional[Dict[str, Any]] = None) -> None:
+        self._doc = None
+        if initial_state is None:
+            self.parent.reset(None)
+            self._doc_state, self._skip, self._stats = None, 0, new_stats()
+        else:
+            self._doc_state = initial_state[self.PARENT]
+            self.parent.reset(self._doc_state)
+            self._skip = int(initial_state[self.OFFSET])
+            self._stats = load_stats(initial_state[self.STATS])
+
+    def next(self) -> Row:
+        C = self.row_len
+        tokens = np.full(C, self.pad_id, dtype=np.int32)
+        mask: Optional[np.ndarray] = None
+        seg_lens: List[int] = []
+        sources: List[str] = []
+        pos = 0
+        while pos < C:
+            if self._doc is None:
+                self._doc_state = self.parent.state_dict()
+                try:
+                    self._doc = next(self.parent)
+                except StopIteration:
+                    break
+                self._off, replayed, self._skip = self._skip, self._skip > 0, 0
+                if not replayed:
+                    n = len(self._doc.ids)
+                    self._stats["tokens_in"] += n
+                    self._stats["documents"] += 1
+                    self._stats["chunked"] += int(n > C)
+            doc = self._doc
+            take = min(C - pos, len(doc.ids) - self._off)
+            tokens[pos:pos + take] = doc.ids[self._off:self._off + take]
+            if doc.mask is not None:
+                if mask is None:
+                    mask = np.zeros(C, dtype=bool)
+                mask[pos:pos + take] = doc.mask[self._off:self._off + take]
+            seg_lens.append(take)
+            sources.append(doc.source)
+            pos += take
+            self._off += take
+            if self._off >= len(doc.ids):
+                self._doc = None
+        if pos == 0:
+            raise StopIteration
+        self._stats["tokens_out"] += pos
+        self._stats["padding"] += C - pos
+        self._stats["rows"] += 1
+        return Row(tokens, np.asarray(seg_lens, dtype=np.int32), mask, tuple(sources))
+
+    def get_state(self) -> Dict[str, Any]:
+        if self._doc is None:
+            parent = self._doc_state if self._skip else self.parent.state_dict()
+            return {self.PARENT: parent, self.OFFSET: self._skip, self.STATS: dict(self._stats)}
+        return {self.PARENT: self._doc_state, self.OFFSET: self._off, self.STATS: dict(self._stats)}
+
+    def stats(self) -> Dict[str, int]:
+        return dict(self._stats)
