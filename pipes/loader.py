@@ -1,0 +1,303 @@
+"""The bridge from a node graph to `torchdata`'s `StatefulDataLoader`.
+
+Mental model: the user (or a recipe) gives a *factory*, a picklable function
+``factory(ctx: ShardContext) -> BaseNode`` that builds the graph of one shard.
+`NodeDataset` is an `IterableDataset` that calls it inside each loader worker
+(or in the main process with ``num_workers=0``), so only the factory's small
+arguments cross the process boundary. The dataset exposes
+``state_dict``/``load_state_dict``, which `StatefulDataLoader` collects per
+worker with every snapshot.
+
+`TokenLoomLoader` wraps that state in an envelope: a format version, the
+configuration that must match on resume (world size, workers, seq_len, batch
+size, fingerprints of sources and tokenizer, ...), the round, and the
+statistics the training loop has seen. ``load_state_dict`` compares the
+configuration first and raises `ValueError` naming the setting that changed
+(StatefulDataLoader alone fails a worker-count change with a bare
+``AssertionError``).
+
+Rounds: a finite stream (``epochs=n``) ends; the next ``iter(loader)`` starts
+round ``r + 1``, whose epochs are ``n*(r+1) ...`` with fresh shuffles, as a
+training loop's ``for epoch in ...: for batch in loader`` expects. A state saved
+after a round finished resumes into the next round (not into an empty one, and
+not into a repeat). Breaking out of a loop and calling ``iter()`` again restarts
+the current round; keep one iterator to continue a stream.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence
+
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from .base import StateError
+
+#: Bumped whenever the layout of a saved state changes incompatibly.
+STATE_VERSION = 1
+STATE_FORMAT = "tokenloom.loader"
+
+#: Batches may carry their worker's cumulative statistics under this key; the loader
+#: removes it before the batch reaches the training loop.
+STATS_KEY = "_tokenloom_stats"
+
+# torchdata's own key for "this iterator ran to its end" (stateful_dataloader.py).
+_ITERATOR_FINISHED = "_iterator_finished"
+
+
+@dataclass(frozen=True)
+class ShardContext:
+    """Which shard a graph is being built for. ``shard``/``num_shards`` are the
+    global shard index and count: ``rank * num_workers + worker`` of
+    ``world_size * num_workers`` (a 0-worker loader counts as one worker)."""
+
+    rank: int
+    world_size: int
+    worker: int
+    num_workers: int
+    round: int = 0
+
+    @property
+    def shard(self) -> int:
+        return self.rank * max(self.num_workers, 1) + self.worker
+
+    @property
+    def num_shards(self) -> int:
+        return self.world_size * max(self.num_workers, 1)
+
+
+GraphFactory = Callable[[ShardContext], Any]
+
+
+class NodeDataset(IterableDataset):
+    """Builds the node graph of this worker's shard lazily and iterates it."""
+
+    ROUND = "round"
+    NODE = "node"
+
+    def __init__(self, factory: GraphFactory, *, rank: int, world_size: int, num_workers: int):
+        super().__init__()
+        self.factory, self.rank, self.world_size, self.num_workers = factory, rank, world_size, num_workers
+        self.round = 0
+        self._root = None
+        self._root_round: Optional[int] = None
+        self._active_round = 0
+
+    def _context(self, round_: int) -> ShardContext:
+        info = get_worker_info()
+        worker = 0 if info is None else info.id
+        if info is not None and info.num_workers != self.num_workers:
+            raise RuntimeError(f"loader runs {info.num_workers} workers but the dataset was built for "
+                               f"num_workers={self.num_workers}; build it through tokenloom's loader")
+        return ShardContext(self.rank, self.world_size, worker, self.num_workers, round_)
+
+    def _start(self, round_: int, node_state: Optional[Dict[str, Any]]) -> None:
+        if self._root is None or self._root_round != round_:
+            self._root = self.factory(self._context(round_))
+            self._root_round = round_
+        self._root.reset(node_state)
+        self._active_round = round_
+
+    def __iter__(self) -> "NodeDataset":
+        self._start(self.round, None)
+        return self
+
+    def __next__(self):
+        try:
+            return next(self._root)
+        except StopIteration:
+            # A persistent worker keeps this object: its next iter() is the next round.
+            # (In the main process the loader advances the round itself.)
+            if get_worker_info() is not None:
+                self.round = self._active_round + 1
+            raise
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {self.ROUND: self._active_round, self.NODE: self._root.state_dict()}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        if not isinstance(state, Mapping) or set(state) != {self.ROUND, self.NODE}:
+            raise StateError(f"worker state has keys {sorted(state) if isinstance(state, Mapping) else state!r}, "
+                             f"expected {[self.ROUND, self.NODE]}; was it saved by a tokenloom loader?")
+        self.round = int(state[self.ROUND])
+        self._start(self.round, state[self.NODE])
+
+
+#: What to tell the user when a setting differs from the one the state was saved with.
+CONFIG_HINTS = {
+    "world_size": "positions are per rank; resume with the same number of ranks",
+    "num_workers": "data is sharded per loader worker; pass the same num_workers to resume exactly",
+    "seq_len": "rows are packed for one sequence length; resume with the same seq_len",
+    "batch_size": "pass the same batch_size (positions count rows per batch)",
+    "sources": "the files changed (names or sizes); resume on the same files, or start without the state",
+    "tokenizer": "the tokenizer changed; resume with the same tokenizer, or start without the state",
+    "packing": "pass the same packing mode",
+    "buffer_size": "pass the same buffer_size",
+    "seed": "pass the same seed",
+    "rank": "each rank must load its own state",
+    "epochs": "pass the same epochs",
+    "weights": "pass the same weights, or pass allow_weight_change=True to load_state_dict to switch mixtures at this point",
+}
+
+
+def check_config(saved: Mapping[str, Any], current: Mapping[str, Any], *, ignore: tuple = ()) -> None:
+    """Raise `ValueError` naming every setting that differs between a saved state and this loader."""
+    problems = []
+    for key in sorted(set(saved) | set(current)):
+        if key in ignore:
+            continue
+        old, new = saved.get(key, "<absent>"), current.get(key, "<absent>")
+        if old != new:
+            problems.append(f"{key}: saved with {old!r}, this loader has {new!r} ({CONFIG_HINTS.get(key, 'use the saved value')})")
+    if problems:
+        raise ValueError("cannot load this loader state, the configuration changed:\n  " + "\n  ".join(problems))
+
+
+class TokenLoomLoader(StatefulDataLoader):
+    """A `StatefulDataLoader` over a `NodeDataset`, with a validated, versioned state.
+
+    Batches are already formed by the graph (``batch_size=None`` underneath);
+    ``config`` is the plain dict of settings a saved state must match.
+    """
+
+    META = "tokenloom"
+    LOADER = "loader"
+    VERSION = "version"
+    FORMAT = "format"
+    CONFIG = "config"
+    ROUND = "round"
+    STATS = "stats"
+    PADDING_BATCHES = "padding_batches"
+
+    def __init__(self, factory: GraphFactory, *, config: Mapping[str, Any], rank: int = 0, world_size: int = 1,
+                 num_workers: int = 0, stats_keys: Sequence[str] = (), rank_sync: Optional[Any] = None,
+                 padding_batch: Optional[Callable[[], Any]] = None, **loader_kwargs: Any):
+        for bad in ("batch_size", "shuffle", "sampler", "batch_sampler", "collate_fn", "drop_last"):
+            if bad in loader_kwargs:
+                raise TypeError(f"{bad}= is decided by the node graph, not by the DataLoader; remove it")
+        if num_workers < 0:
+            raise ValueError(f"{num_workers=} must be >= 0")
+        if num_workers == 0:
+            for opt in ("prefetch_factor", "persistent_workers"):
+                if loader_kwargs.get(opt):
+                    raise ValueError(f"{opt}= needs num_workers > 0 (got {num_workers=}); remove it or add workers")
+                loader_kwargs.pop(opt, None)
+        dataset = NodeDataset(factory, rank=rank, world_size=world_size, num_workers=num_workers)
+        with warnings.catch_warnings():
+            # torchdata 0.11 calls a torch API that newer torch deprecates; not the user's concern.
+            warnings.filterwarnings("ignore", message=".*set_vital.*")
+            super().__init__(dataset, batch_size=None, num_workers=num_workers, collate_fn=_identity,
+                             **loader_kwargs)
+        self.config = dict(config)
+        self.stats_keys = tuple(stats_keys)
+        self._worker_stats: Dict[str, List[int]] = {}
+        if rank_sync is not None and padding_batch is None:
+            raise ValueError("rank_sync= needs padding_batch= (what a rank yields after its data ran out)")
+        self.rank_sync, self.padding_batch = rank_sync, padding_batch
+        self._padding_batches = 0
+
+    # --- iteration ---------------------------------------------------------------
+    def __iter__(self) -> Iterator[Any]:
+        it = self._iterator
+        if it is not None and getattr(it, "_finished", False) and not self._initial_iter_for_state_dict:
+            self.dataset.round += 1
+        return _StatsIterator(self, super().__iter__())
+
+    def _see(self, batch: Any) -> Any:
+        if isinstance(batch, dict) and STATS_KEY in batch:
+            stats = batch.pop(STATS_KEY)
+            worker = int(stats[0])
+            self._worker_stats[str(worker)] = [int(x) for x in stats[1:].tolist()]
+        return batch
+
+    def stats(self) -> Dict[str, int]:
+        """Cumulative counters over the batches this loader has handed to the training
+        loop (summed over workers); checkpointed with the state."""
+        totals = {k: 0 for k in self.stats_keys}
+        for vec in self._worker_stats.values():
+            for k, v in zip(self.stats_keys, vec):
+                totals[k] += v
+        if self.rank_sync is not None:
+            totals["rank_padding_batches"] = self._padding_batches
+        return totals
+
+    def worker_stats(self) -> Dict[str, List[int]]:
+        """Per worker, the latest cumulative statistics vector seen by the training loop."""
+        return copy.deepcopy(self._worker_stats)
+
+    # --- state -------------------------------------------------------------------
+    def state_dict(self) -> Dict[str, Any]:
+        return {
+            self.META: {
+                self.FORMAT: STATE_FORMAT,
+                self.VERSION: STATE_VERSION,
+                self.CONFIG: dict(self.config),
+                self.ROUND: int(self.dataset.round),
+                self.STATS: copy.deepcopy(self._worker_stats),
+                self.PADDING_BATCHES: self._padding_batches,
+            },
+            self.LOADER: super().state_dict(),
+        }
+
+    def load_state_dict(self, state_dict: Dict[str, Any], *, allow_weight_change: bool = False) -> None:
+        if not isinstance(state_dict, Mapping) or self.META not in state_dict or self.LOADER not in state_dict:
+            keys = sorted(state_dict) if isinstance(state_dict, Mapping) else type(state_dict).__name__
+            raise ValueError(f"not a tokenloom loader state (top-level keys {keys}); "
+                             "pass the dict returned by loader.state_dict()")
+        meta = state_dict[self.META]
+        if meta.get(self.FORMAT) != STATE_FORMAT or meta.get(self.VERSION) != STATE_VERSION:
+            raise ValueError(
+                f"loader state has format {meta.get(self.FORMAT)!r} version {meta.get(self.VERSION)!r}; this tokenloom "
+                f"reads {STATE_FORMAT!r} version {STATE_VERSION}. Resume with the tokenloom version that saved it."
+            )
+        check_config(meta[self.CONFIG], self.config, ignore=("weights",) if allow_weight_change else ())
+        inner = state_dict[self.LOADER]
+        self._worker_stats = copy.deepcopy(meta[self.STATS])
+        self._padding_batches = int(meta[self.PADDING_BATCHES])
+        if inner.get(_ITERATOR_FINISHED):
+            # Saved after a round ran to its end: resume with the next round (meta-pytorch/data#1437).
+            self.dataset.round = int(meta[self.ROUND]) + 1
+            super().load_state_dict({})
+        else:
+            self.dataset.round = int(meta[self.ROUND])
+            super().load_state_dict(inner)
+
+
+class _StatsIterator:
+    """Passes batches through, taking out the statistics they carry; with a
+    ``rank_sync``, keeps every rank stepping until all ranks ran out (see rank_sync.py)."""
+
+    def __init__(self, loader: TokenLoomLoader, it: Iterator[Any]):
+        self._loader, self._it = loader, it
+        self._local_done = False
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        loader = self._loader
+        if loader.rank_sync is None:
+            return loader._see(next(self._it))
+        batch = None
+        if not self._local_done:
+            try:
+                batch = next(self._it)
+            except StopIteration:
+                self._local_done = True
+        if not loader.rank_sync.any_true(batch is not None):
+            raise StopIteration
+        if batch is None:
+            loader._padding_batches += 1
+            return loader.padding_batch()
+        return loader._see(batch)
+
+    def __getattr__(self, name):  # state_dict(), _finished, ... of the underlying iterator
+        return getattr(self._it, name)
+
+
+def _identity(x):
+    return x
