@@ -1,0 +1,34 @@
+"""Run by test_fresh_process.py in a new interpreter: save a state, or resume from one.
+
+usage: fresh_process_resume.py save|resume STATE_FILE OUT_FILE NUM_WORKERS STEPS SOURCES...
+"""
+
+import sys
+
+import torch
+
+from tokenloom.recipes import pretrain
+from tokenloom.sample_data import default_tokenizer_path
+
+
+def build(sources, num_workers):
+    return pretrain(sources, tokenizer=default_tokenizer_path(), bos="<|bos|>", seq_len=512, batch_size=4,
+                    num_workers=num_workers, seed=3)
+
+
+def main():
+    mode, state_file, out_file, num_workers, steps, *sources = sys.argv[1:]
+    loader = build(sources, int(num_workers))
+    if mode == "save":
+        it = iter(loader)
+        batches = [next(it) for _ in range(int(steps))]
+        torch.save(loader.state_dict(), state_file)
+    else:
+        loader.load_state_dict(torch.load(state_file, weights_only=True))
+        it = iter(loader)
+        batches = [next(it) for _ in range(int(steps))]
+    torch.save(batches, out_file)
+
+
+if __name__ == "__main__":
+    main()
