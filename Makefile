@@ -1,0 +1,27 @@
+# Quick start: `make demo` runs the main job, `make test` runs the tests.
+# Both create .venv and install what they need on first use.
+#
+# TORCH pins the CPU build of PyTorch: a bare `torch` requirement can pull a
+# multi-GB CUDA build. On a GPU machine: make TORCH="torch==2.13.0 --index-url <your CUDA wheel index>"
+PYTHON ?= python3
+TORCH ?= torch==2.13.0
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q $(TORCH)
+	$(BIN)/python -m pip install -q -e ".[dev,plots]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/tokenloom demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+clean:
+	rm -rf $(VENV) out .pytest_cache

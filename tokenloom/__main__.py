@@ -1,0 +1,5 @@
+import sys
+
+from tokenloom.cli import main
+
+sys.exit(main())
