@@ -17,15 +17,29 @@ def build(corpus, tok_path, **kw):
     return lambda: pretrain(glob, tokenizer=tok_path, **args)
 
 
-@pytest.mark.parametrize("num_workers", [0, 1, 2, 3])
-@pytest.mark.parametrize("snapshot", [1, 3])
+# Snapshot intervals only exist for worker processes.
+@pytest.mark.parametrize("num_workers,snapshot", [(0, None), (1, 1), (1, 3), (2, 1), (2, 3), (3, 1), (3, 3)])
 def test_resume_mid_stream(corpus, tok_path, num_workers, snapshot):
     kw = dict(num_workers=num_workers)
-    if num_workers:
+    if snapshot is not None:
         kw["snapshot_every_n_steps"] = snapshot
-    elif snapshot != 1:
-        pytest.skip("snapshots only apply to worker processes")
     check_loader_resume(build(corpus, tok_path, **kw), steps=[1, 4, 11], total=18)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_resume_across_epoch_boundaries_of_an_endless_stream(tmp_path, tok_path, num_workers):
+    """A tiny corpus: one epoch is a few batches, so saves land before, on and after
+    the boundaries where the reader starts a new epoch (and the packer's buffer spans two)."""
+    from .conftest import synthetic_texts, write_corpus
+
+    write_corpus(str(tmp_path), synthetic_texts(120, seed=4), files=2, row_group_size=16)
+    b = lambda: pretrain(str(tmp_path / "*.parquet"), tokenizer=tok_path, seq_len=255, batch_size=4,
+                         buffer_size=16, num_workers=num_workers, seed=2)
+    one_epoch = len(list(pretrain(str(tmp_path / "*.parquet"), tokenizer=tok_path, seq_len=255, batch_size=4,
+                                  buffer_size=16, num_workers=num_workers, seed=2, epochs=1)))
+    assert 3 <= one_epoch <= 30
+    steps = sorted({max(1, one_epoch - 1), one_epoch, one_epoch + 1, 2 * one_epoch, 2 * one_epoch + 1})
+    check_loader_resume(b, steps=steps, total=3 * one_epoch)
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
