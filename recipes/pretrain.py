@@ -32,7 +32,7 @@ from tokenloom.pipes.stats import WithStats
 from tokenloom.pipes.tokenize import Tokenize
 from tokenloom.pipes.tokenizer import Encoder, load_encoder, resolve_special
 
-PACKINGS = ("flat", "bestfit")
+PACKINGS = ("flat", "bestfit", "bestfit-crop")
 
 
 def dist_rank_world(rank: Optional[int], world_size: Optional[int]) -> tuple:
@@ -77,7 +77,8 @@ class PretrainGraph:
         if self.packing == "flat":
             packer = FlatPack(node, seq_len=self.seq_len, pad_id=self.pad_id)
         else:
-            packer = BestFitPack(node, seq_len=self.seq_len, buffer_size=self.buffer_size, pad_id=self.pad_id)
+            packer = BestFitPack(node, seq_len=self.seq_len, buffer_size=self.buffer_size, pad_id=self.pad_id,
+                                 mode="crop" if self.packing == "bestfit-crop" else "bestfit")
         node = Batch(packer, batch_size=self.batch_size, seq_len=self.seq_len, pad_id=self.pad_id)
         return WithStats(node, counters=packer.stats, keys=PACK_STAT_KEYS, worker=ctx.worker)
 
@@ -142,7 +143,7 @@ def pretrain(
         "seq_len": seq_len,
         "batch_size": batch_size,
         "packing": packing,
-        "buffer_size": buffer_size if packing == "bestfit" else None,
+        "buffer_size": buffer_size if packing != "flat" else None,
         "seed": seed,
         "epochs": epochs,
         "sources": {source: fingerprint_files(files)},

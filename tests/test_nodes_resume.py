@@ -48,7 +48,7 @@ def test_tokenize(parts):
     assert n == 150
 
 
-@pytest.mark.parametrize("packer", ["flat", "bestfit"])
+@pytest.mark.parametrize("packer", ["flat", "bestfit", "crop"])
 def test_packers(parts, packer):
     units, enc = parts
 
@@ -56,7 +56,7 @@ def test_packers(parts, packer):
         tok = Tokenize(_reader(units, epochs=1), enc, bos=0, batch_docs=16)
         if packer == "flat":
             return FlatPack(tok, seq_len=63, pad_id=2)
-        return BestFitPack(tok, seq_len=63, buffer_size=40, pad_id=2, max_wait=60)
+        return BestFitPack(tok, seq_len=63, buffer_size=40, pad_id=2, max_wait=60, mode=packer)
 
     n = check_node_resume(build, max_steps=2000, horizon=3)
     assert 100 < n < 2000  # ran to the end of the finite stream, including the buffer flush

@@ -1,0 +1,163 @@
+"""The buffer of a best-fit packer: slots, a length index, and one row at a time.
+
+Rules for one row of ``C`` tokens (the same in ``_packcore.c`` and ``_packcore_py.py``):
+
+1. if a document is overdue (``forced``), its next segment starts the row;
+2. repeatedly place the largest next-segment that fits the space left; ties go to
+   the oldest document (lowest sequence number). A document's next segment is
+   ``min(remaining, C)`` tokens, so a document longer than a row is cut into chunks
+   that each fit a row;
+3. when nothing fits:
+   - ``bestfit``: cut the gap (if at least ``min_fill`` tokens) off the oldest
+     document longer than a row, which must be cut anyway; a document that fits
+     in a row is never cut. Otherwise pad.
+   - ``crop``: crop the smallest document that does not fit (it loses the least)
+     and discard its rest. Documents longer than a row keep only the first ``C``
+     tokens, so every segment starts with its document's first token (BOS).
+
+The index is a list of slots per next-segment length, each ordered by sequence
+number, plus a bitmap of non-empty lengths: a placement is a scan of ``C/64``
+words, independent of the buffer size. Because the order depends only on the
+buffered ``(seq, length, used)`` triples, rebuilding the buffer from a saved
+position gives the identical index, and therefore identical rows.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, List, NamedTuple, Optional
+
+import numpy as np
+
+try:
+    from . import _packcore as _core  # type: ignore[attr-defined]
+
+    IMPLEMENTATION = "c"
+except ImportError:  # built without a C compiler: same rules, about 20x slower
+    from . import _packcore_py as _core
+
+    IMPLEMENTATION = "python"
+
+MODES = {"bestfit": 0, "crop": 1}
+
+
+class Slots:
+    """Fixed-capacity document slots plus the length index, all in numpy arrays."""
+
+    def __init__(self, capacity: int, row_len: int, *, mode: str = "bestfit", min_fill: int = 1,
+                 core=None):
+        if mode not in MODES:
+            raise ValueError(f"{mode=} is not one of {sorted(MODES)}")
+        self.C, self.mode, self.min_fill = row_len, MODES[mode], min_fill
+        self.core = _core if core is None else core
+        S = capacity
+        self.seq = np.full(S, -1, np.int64)
+        self.len = np.zeros(S, np.int32)
+        self.used = np.zeros(S, np.int32)
+        self.next = np.full(S, -1, np.int32)
+        self.prev = np.full(S, -1, np.int32)
+        self.head = np.full(row_len + 1, -1, np.int32)
+        self.tail = np.full(row_len + 1, -1, np.int32)
+        self.bits = np.zeros((row_len >> 6) + 1, np.uint64)
+        self.docs: List[np.ndarray] = [_EMPTY] * S
+        self.masks: List[Optional[np.ndarray]] = [None] * S
+        self.free = list(range(S - 1, -1, -1))
+        self.owner: List[int] = [-1] * S  # slot -> seq of the document in it
+        self.occupied = 0
+        self._pending: tuple = ([], [], [], [])  # staged (slots, seqs, lengths, used)
+        self.source: List[str] = [""] * S
+        self.masked = 0  # buffered documents that carry a loss mask
+        self._row = np.zeros(row_len, np.int32)
+        self._rowmask = np.zeros(row_len, np.uint8)
+        self._seglen = np.zeros(row_len, np.int32)
+        self._segslot = np.zeros(row_len, np.int32)
+        self._freed = np.zeros(S, np.int32)
+
+    def __len__(self) -> int:
+        return self.occupied
+
+    def add(self, seq: int, ids: np.ndarray, used: int = 0, mask: Optional[np.ndarray] = None,
+            source: str = "") -> int:
+        """Stage a document; it joins the index at the next `build_row` (one C call per refill)."""
+        s = self.free.pop()
+        self.occupied += 1
+        self.docs[s] = ids
+        self.owner[s] = seq
+        self.source[s] = source
+        if mask is not None:
+            self.masks[s] = mask.view(np.uint8) if mask.dtype == np.bool_ else mask.astype(np.uint8)
+            self.masked += 1
+        p = self._pending
+        p[0].append(s)
+        p[1].append(seq)
+        p[2].append(len(ids))
+        p[3].append(used)
+        return s
+
+    def _flush(self) -> None:
+        p = self._pending
+        if p[0]:
+            self.core.insert_many(self.seq, self.len, self.used, self.head, self.tail, self.next, self.prev,
+                                  self.bits, self.C, *p)
+            self._pending = ([], [], [], [])
+
+    def used_of(self, slot: int) -> int:
+        self._flush()
+        return int(self.used[slot])
+
+    def _release(self, nfreed: int, freed_seqs: List[int]) -> None:
+        for s in self._freed[:nfreed].tolist():
+            freed_seqs.append(self.owner[s])
+            self.owner[s] = -1
+            self.docs[s] = _EMPTY
+            if self.masks[s] is not None:
+                self.masks[s] = None
+                self.masked -= 1
+            self.free.append(s)
+        self.occupied -= nfreed
+
+    def build_row(self, top_up: Callable[[], bool], forced: int = -1) -> PackedRow:
+        """Build one row. ``top_up()`` refills the buffer and returns whether upstream has
+        ended; it is called before placing and again whenever nothing fits after documents
+        left the buffer, so gaps are only cut, cropped or padded from a full buffer.
+        Tokens past the segments are zero (the caller pads)."""
+        pos = nseg = 0
+        discarded = cut = 0
+        sources: List[str] = []
+        freed_seqs: List[int] = []
+        ended = top_up()
+        self._flush()
+        use_mask = self.masked > 0
+        while True:
+            before = nseg
+            nseg, pos, nfreed, d, c, stuck = self.core.build_row(
+                self.docs, self.masks if use_mask else None, self.seq, self.len, self.used, self.head, self.tail,
+                self.next, self.prev, self.bits, self._row, self._rowmask if use_mask else None, self._seglen,
+                self._segslot, self._freed, self.C, self.mode, forced, self.min_fill, pos, nseg, 0, int(ended))
+            discarded, cut, forced = discarded + d, cut + c, -1
+            # Capture what the freed slots held before a refill reuses them.
+            sources.extend(self.source[s] for s in self._segslot[before:nseg].tolist())
+            self._release(nfreed, freed_seqs)
+            if not stuck:
+                break
+            ended = top_up()
+            self._flush()
+            if self.masked > 0 and not use_mask:
+                # the refill brought the first masked document into this row: earlier segments are all targets
+                self._rowmask[:pos] = 1
+                use_mask = True
+        mask = self._rowmask.astype(bool) if use_mask else None
+        return PackedRow(self._row.copy(), mask, self._seglen[:nseg].copy(), tuple(sources), int(discarded),
+                         int(cut), freed_seqs)
+
+
+class PackedRow(NamedTuple):
+    tokens: np.ndarray
+    mask: Optional[np.ndarray]
+    seg_lens: np.ndarray
+    sources: tuple
+    discarded: int
+    newly_cut: int
+    freed_seqs: List[int]
+
+
+_EMPTY = np.zeros(0, np.int32)

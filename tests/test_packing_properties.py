@@ -1,0 +1,178 @@
+"""Property tests for the packers over random document-length streams.
+
+Every token of every document is a unique integer, so a row tells exactly which
+document and which position each token came from: nothing lost, nothing repeated,
+order kept, and the mode's promises checked row by row.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from tokenloom.pipes import BestFitPack, FlatPack, TokenDoc, collate_rows
+from tokenloom.pipes import _packcore_py, pack_core
+from tokenloom.pipes.memory import FromList
+
+PAD = -1
+lengths_st = st.lists(st.one_of(st.integers(1, 12), st.integers(13, 80)), min_size=1, max_size=60)
+
+
+def make_docs(lengths, masked=False):
+    docs, start = [], 1000
+    for n in lengths:
+        ids = np.arange(start, start + n, dtype=np.int32)
+        mask = (ids % 3 != 0) if masked else None
+        docs.append(TokenDoc(ids, "src", mask))
+        start += n
+    return docs
+
+
+def run(packer):
+    packer.reset(None)
+    return list(packer)
+
+
+def positions(docs):
+    """token value -> (doc index, offset)"""
+    where = {}
+    for d, doc in enumerate(docs):
+        for o, t in enumerate(doc.ids.tolist()):
+            where[t] = (d, o)
+    return where
+
+
+def segments(row):
+    out, pos = [], 0
+    for n in row.seg_lens.tolist():
+        out.append(row.tokens[pos:pos + n])
+        pos += n
+    return out, pos
+
+
+@settings(max_examples=120, deadline=None)
+@given(lengths=lengths_st, seq_len=st.integers(4, 40), buffer_size=st.integers(1, 12),
+       mode=st.sampled_from(["flat", "bestfit", "crop"]), min_fill=st.sampled_from([1, 3]))
+def test_packers_lose_nothing_and_keep_order(lengths, seq_len, buffer_size, mode, min_fill):
+    docs = make_docs(lengths)
+    C = seq_len + 1
+    if mode == "flat":
+        packer = FlatPack(FromList(docs), seq_len=seq_len, pad_id=PAD)
+    else:
+        packer = BestFitPack(FromList(docs), seq_len=seq_len, buffer_size=buffer_size, pad_id=PAD,
+                             mode="crop" if mode == "crop" else "bestfit", min_fill=min_fill, max_wait=3 * buffer_size)
+    rows = run(packer)
+    where = positions(docs)
+    seen = []
+    for r, row in enumerate(rows):
+        assert row.tokens.shape == (C,) and row.tokens.dtype == np.int32
+        segs, filled = segments(row)
+        assert (row.tokens[filled:] == PAD).all(), "padding only after the segments"
+        assert (row.seg_lens > 0).all()
+        if mode in ("flat", "crop") and r < len(rows) - 1:
+            assert filled == C, f"{mode} pads only the last row"
+        for seg in segs:
+            d, o = where[int(seg[0])]
+            assert [where[int(t)] for t in seg] == [(d, o + i) for i in range(len(seg))], "a segment is a run of one document"
+            if mode == "crop":
+                assert o == 0, "in crop mode every segment starts at its document's first token"
+            seen.extend(int(t) for t in seg)
+    assert len(seen) == len(set(seen)), "a token was emitted twice"
+    total = sum(lengths)
+    stats = packer.stats()
+    assert stats["tokens_in"] == total and stats["tokens_out"] == len(seen)
+    if mode == "crop":
+        assert len(seen) + stats["discarded"] == total
+        floor = sum(max(0, n - C) for n in lengths)
+        assert stats["discarded"] >= floor
+    else:
+        assert sorted(seen) == sorted(where), "every token comes out exactly once"
+        assert stats["discarded"] == 0
+    if mode == "bestfit":
+        # a document that fits in a row is never cut, and each document's pieces come in order
+        pieces = {}
+        for row in rows:
+            for seg in segments(row)[0]:
+                pieces.setdefault(where[int(seg[0])][0], []).append(where[int(seg[0])][1])
+        for d, n in enumerate(lengths):
+            if n <= C:
+                assert pieces[d] == [0], f"document {d} of {n} tokens fits a row but was cut: {pieces[d]}"
+            assert pieces[d] == sorted(pieces[d])
+
+
+@settings(max_examples=80, deadline=None)
+@given(lengths=lengths_st, seq_len=st.integers(4, 40), buffer_size=st.integers(1, 12),
+       mode=st.sampled_from(["bestfit", "crop"]), masked=st.booleans())
+def test_c_core_and_python_core_agree(lengths, seq_len, buffer_size, mode, masked):
+    if pack_core.IMPLEMENTATION != "c":
+        pytest.fail("the C core was not built; install with a C compiler (pip install -e .)")
+    out = []
+    for core in (pack_core._core, _packcore_py):
+        packer = BestFitPack(FromList(make_docs(lengths, masked)), seq_len=seq_len, buffer_size=buffer_size,
+                             mode=mode, max_wait=2 * buffer_size)
+        packer._slots.core = core
+        orig_clear = packer._clear
+
+        def clear(core=core, orig=orig_clear, p=packer):
+            orig()
+            p._slots.core = core
+        packer._clear = clear
+        out.append(run(packer))
+    a, b = out
+    assert len(a) == len(b)
+    for ra, rb in zip(a, b):
+        assert np.array_equal(ra.tokens, rb.tokens) and np.array_equal(ra.seg_lens, rb.seg_lens)
+        assert (ra.mask is None) == (rb.mask is None)
+        if ra.mask is not None:
+            assert np.array_equal(ra.mask, rb.mask)
+
+
+@settings(max_examples=80, deadline=None)
+@given(lengths=lengths_st, seq_len=st.integers(3, 30), batch_size=st.integers(1, 4),
+       masked=st.booleans(), mode=st.sampled_from(["flat", "bestfit"]))
+def test_batches_are_well_formed(lengths, seq_len, batch_size, masked, mode):
+    docs = make_docs(lengths, masked)
+    if mode == "flat":
+        packer = FlatPack(FromList(docs), seq_len=seq_len, pad_id=7)
+    else:
+        packer = BestFitPack(FromList(docs), seq_len=seq_len, buffer_size=5, pad_id=7)
+    rows = run(packer)
+    T, C = seq_len, seq_len + 1
+    for i in range(0, len(rows), batch_size):
+        chunk = rows[i:i + batch_size]
+        b = collate_rows(chunk, batch_size=batch_size, seq_len=seq_len, pad_id=7)
+        ids, lab, pos, seg = b["input_ids"].numpy(), b["labels"].numpy(), b["position_ids"].numpy(), b["segment_ids"].numpy()
+        assert ids.shape == lab.shape == pos.shape == seg.shape == (batch_size, T)
+        assert b["cu_seqlens"].shape == (batch_size * T + 1,)
+        for r in range(batch_size):
+            row = chunk[r] if r < len(chunk) else None
+            filled = int(row.seg_lens.sum()) if row is not None else 0
+            full = row.tokens if row is not None else np.full(C, 7)
+            assert (ids[r] == full[:-1]).all()
+            target = np.zeros(C, bool)
+            target[:filled] = True if row is None or row.mask is None else row.mask[:filled]
+            want = np.where(target[1:], full[1:], -100)
+            assert (lab[r] == want).all(), "labels: next token, -100 on padding and untrained targets"
+            k = 0 if row is None else len(row.seg_lens)
+            want_seg = np.zeros(C, np.int32)
+            starts = np.zeros(C, bool)
+            p = 0
+            for j, n in enumerate([] if row is None else row.seg_lens.tolist()):
+                want_seg[p:p + n] = j + 1
+                starts[p] = True
+                p += n
+            if p < C:
+                starts[p] = True
+            assert (seg[r] == want_seg[:-1]).all() and seg[r].max(initial=0) <= k
+            # positions restart at every segment (and padding run) start and count up by one
+            for t in range(T):
+                assert pos[r, t] == (0 if starts[t] else pos[r, t - 1] + 1)
+        # cu_seqlens: boundaries = every position where a run starts, over the flattened batch
+        flat_starts = [r * T + t for r in range(batch_size) for t in range(T)
+                       if t == 0 or pos[r, t] == 0]
+        n = int(b["num_seqs"])
+        cu = b["cu_seqlens"].numpy()
+        assert cu[:n].tolist() == flat_starts and (cu[n:] == batch_size * T).all()
+        lens = np.diff(cu[:n + 1])
+        assert int(b["max_seqlen"]) == lens.max()
