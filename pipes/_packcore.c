@@ -76,7 +76,7 @@ static int ix_gt(const Index *ix, int x) {
 }
 
 typedef struct {
-    Py_buffer b[14];
+    Py_buffer b[16];
     int nb;
 } Buffers;
 
@@ -195,11 +195,11 @@ enum { MODE_BESTFIT = 0, MODE_CROP = 1 };
  * so the caller can top up and call again: gaps are cut only from a full buffer.
  * Returns (segments, filled, freed, discarded, newly_cut, stuck). */
 static PyObject *py_build_row(PyObject *self, PyObject *args) {
-    PyObject *docs, *masks, *o[8], *row_o, *rowmask_o, *seglen_o, *segslot_o, *freed_o;
+    PyObject *docs, *masks, *o[8], *row_o, *rowmask_o, *seglen_o, *segslot_o, *segoff_o, *freed_o;
     int C, mode, forced, min_fill, pos, nseg, nfreed, ended;
-    if (!PyArg_ParseTuple(args, "O!OOOOOOOOOOOOOOiiiiiiii", &PyList_Type, &docs, &masks, &o[0], &o[1], &o[2],
-                          &o[3], &o[4], &o[5], &o[6], &o[7], &row_o, &rowmask_o, &seglen_o, &segslot_o, &freed_o, &C,
-                          &mode, &forced, &min_fill, &pos, &nseg, &nfreed, &ended))
+    if (!PyArg_ParseTuple(args, "O!OOOOOOOOOOOOOOOiiiiiiii", &PyList_Type, &docs, &masks, &o[0], &o[1], &o[2],
+                          &o[3], &o[4], &o[5], &o[6], &o[7], &row_o, &rowmask_o, &seglen_o, &segslot_o, &segoff_o,
+                          &freed_o, &C, &mode, &forced, &min_fill, &pos, &nseg, &nfreed, &ended))
         return NULL;
     if (masks != Py_None && !PyList_Check(masks)) {
         PyErr_SetString(PyExc_TypeError, "_packcore.build_row: masks must be a list or None");
@@ -210,14 +210,15 @@ static PyObject *py_build_row(PyObject *self, PyObject *args) {
     ix.C = C;
     ix.nwords = (C >> 6) + 1;
     Py_ssize_t S = PyList_GET_SIZE(docs);
-    int32_t *row, *seglen, *segslot, *freed;
+    int32_t *row, *seglen, *segslot, *segoff, *freed;
     uint8_t *rowmask = NULL;
     if (!(ix.seq = get_buf(&bs, o[0], S * 8, "seq")) || !(ix.len = get_buf(&bs, o[1], S * 4, "len")) ||
         !(ix.used = get_buf(&bs, o[2], S * 4, "used")) || !(ix.head = get_buf(&bs, o[3], (C + 1) * 4, "head")) ||
         !(ix.tail = get_buf(&bs, o[4], (C + 1) * 4, "tail")) || !(ix.next = get_buf(&bs, o[5], S * 4, "next")) ||
         !(ix.prev = get_buf(&bs, o[6], S * 4, "prev")) || !(ix.bits = get_buf(&bs, o[7], ix.nwords * 8, "bits")) ||
         !(row = get_buf(&bs, row_o, C * 4, "row")) || !(seglen = get_buf(&bs, seglen_o, C * 4, "seglen")) ||
-        !(segslot = get_buf(&bs, segslot_o, C * 4, "segslot")) || !(freed = get_buf(&bs, freed_o, S * 4, "freed")) ||
+        !(segslot = get_buf(&bs, segslot_o, C * 4, "segslot")) || !(segoff = get_buf(&bs, segoff_o, C * 4, "segoff")) ||
+        !(freed = get_buf(&bs, freed_o, S * 4, "freed")) ||
         (rowmask_o != Py_None && !(rowmask = get_buf(&bs, rowmask_o, C, "rowmask")))) {
         release_all(&bs);
         return NULL;
@@ -267,6 +268,7 @@ static PyObject *py_build_row(PyObject *self, PyObject *args) {
         ix_remove(&ix, s, next_len(&ix, s));
         seglen[nseg] = take;
         segslot[nseg] = s;
+        segoff[nseg] = start;
         nseg++;
         pos += take;
         ix.used[s] = start + take;
@@ -300,7 +302,7 @@ static PyMethodDef methods[] = {
     {"insert_many", py_insert_many, METH_VARARGS,
      "insert_many(seq, len, used, head, tail, next, prev, bits, C, slots, seqs, lens, used0)"},
     {"build_row", py_build_row, METH_VARARGS,
-     "build_row(docs, masks, seq, len, used, head, tail, next, prev, bits, row, rowmask, seglen, segslot, freed, "
+     "build_row(docs, masks, seq, len, used, head, tail, next, prev, bits, row, rowmask, seglen, segslot, segoff, freed, "
      "C, mode, forced, min_fill, pos, nseg, nfreed, ended) -> (segments, filled, freed, discarded, newly_cut, "
      "stuck)"},
     {NULL, NULL, 0, NULL},

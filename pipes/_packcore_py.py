@@ -70,7 +70,7 @@ def _nonempty(bits) -> int:
 
 
 def build_row(docs: List[np.ndarray], masks: Optional[list], seq, ln, used, head, tail, nxt, prv, bits, row, rowmask,
-              seglen, segslot, freed, C, mode, forced, min_fill, pos, nseg, nfreed, ended):
+              seglen, segslot, segoff, freed, C, mode, forced, min_fill, pos, nseg, nfreed, ended):
     discarded = newly_cut = 0
     stuck, nfreed0 = 0, nfreed
     s = forced
@@ -112,7 +112,7 @@ def build_row(docs: List[np.ndarray], masks: Optional[list], seq, ln, used, head
             m = None if masks is None else masks[s]
             rowmask[pos:pos + take] = 1 if m is None else m[start:start + take]
         _remove(head, tail, nxt, prv, bits, s, _next_len(ln, used, s, C))
-        seglen[nseg], segslot[nseg] = take, s
+        seglen[nseg], segslot[nseg], segoff[nseg] = take, s, start
         nseg += 1
         pos += take
         used[s] = start + take

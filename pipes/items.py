@@ -6,18 +6,23 @@ and tokens are numpy arrays, never lists of Python ints.
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import Any, NamedTuple, Optional
 
 import numpy as np
 
 
 class Doc(NamedTuple):
-    """A document as read: its text and where it came from."""
+    """A document as read: its payload and where it came from.
 
-    text: str
+    ``text`` is a ``str`` for text sources; for structured fields (a jsonl
+    ``"messages"`` conversation) it is the parsed JSON value.
+    """
+
+    text: Any
     source: str  # the source's name ("code", "web", ...) for mixing and statistics
     unit: int  # index of the work unit in the source's unit table
     row: int  # row inside the unit (file order, not shuffled order)
+    epoch: int = 0  # the pass over the source this document belongs to
 
 
 class TokenDoc(NamedTuple):
@@ -27,6 +32,7 @@ class TokenDoc(NamedTuple):
     ids: np.ndarray
     source: str
     mask: Optional[np.ndarray] = None
+    epoch: int = 0
 
 
 class Row(NamedTuple):
@@ -35,10 +41,13 @@ class Row(NamedTuple):
     ``tokens`` is padded with the pad id after ``sum(seg_lens)`` real tokens;
     ``seg_lens`` are the lengths of the row's segments in order; ``mask`` marks the
     training targets (None: every real token is a target).
-    ``sources`` names, per segment, the source it came from (for mixing statistics).
+    ``sources`` names, per segment, the source it came from (for mixing statistics);
+    ``starts`` says, per segment, whether it begins its document (False for a chunk
+    that continues a document cut across rows). None means every segment starts one.
     """
 
     tokens: np.ndarray
     seg_lens: np.ndarray
     mask: Optional[np.ndarray]
     sources: tuple
+    starts: Optional[np.ndarray] = None

@@ -181,7 +181,7 @@ class BestFitPack(Node[Row]):
         st["chunked"] += out.newly_cut
         st["rows"] += 1
         self._prune_checkpoints()
-        return Row(out.tokens, out.seg_lens, out.mask, out.sources)
+        return Row(out.tokens, out.seg_lens, out.mask, out.sources, out.starts)
 
     def _prune_checkpoints(self) -> None:
         oldest = self._oldest()

@@ -70,6 +70,7 @@ class Slots:
         self._rowmask = np.zeros(row_len, np.uint8)
         self._seglen = np.zeros(row_len, np.int32)
         self._segslot = np.zeros(row_len, np.int32)
+        self._segoff = np.zeros(row_len, np.int32)
         self._freed = np.zeros(S, np.int32)
 
     def __len__(self) -> int:
@@ -132,7 +133,7 @@ class Slots:
             nseg, pos, nfreed, d, c, stuck = self.core.build_row(
                 self.docs, self.masks if use_mask else None, self.seq, self.len, self.used, self.head, self.tail,
                 self.next, self.prev, self.bits, self._row, self._rowmask if use_mask else None, self._seglen,
-                self._segslot, self._freed, self.C, self.mode, forced, self.min_fill, pos, nseg, 0, int(ended))
+                self._segslot, self._segoff, self._freed, self.C, self.mode, forced, self.min_fill, pos, nseg, 0, int(ended))
             discarded, cut, forced = discarded + d, cut + c, -1
             # Capture what the freed slots held before a refill reuses them.
             sources.extend(self.source[s] for s in self._segslot[before:nseg].tolist())
@@ -147,7 +148,7 @@ class Slots:
                 use_mask = True
         mask = self._rowmask.astype(bool) if use_mask else None
         return PackedRow(self._row.copy(), mask, self._seglen[:nseg].copy(), tuple(sources), int(discarded),
-                         int(cut), freed_seqs)
+                         int(cut), freed_seqs, self._segoff[:nseg] == 0)
 
 
 class PackedRow(NamedTuple):
@@ -158,6 +159,7 @@ class PackedRow(NamedTuple):
     discarded: int
     newly_cut: int
     freed_seqs: List[int]
+    starts: np.ndarray  # per segment: does it begin its document
 
 
 _EMPTY = np.zeros(0, np.int32)

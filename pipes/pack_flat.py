@@ -52,6 +52,7 @@ class FlatPack(Node[Row]):
         mask: Optional[np.ndarray] = None
         seg_lens: List[int] = []
         sources: List[str] = []
+        starts: List[bool] = []
         pos = 0
         while pos < C:
             if self._doc is None:
@@ -75,6 +76,7 @@ class FlatPack(Node[Row]):
                 mask[pos:pos + take] = doc.mask[self._off:self._off + take]
             seg_lens.append(take)
             sources.append(doc.source)
+            starts.append(self._off == 0)
             pos += take
             self._off += take
             if self._off >= len(doc.ids):
@@ -84,7 +86,7 @@ class FlatPack(Node[Row]):
         self._stats["tokens_out"] += pos
         self._stats["padding"] += C - pos
         self._stats["rows"] += 1
-        return Row(tokens, np.asarray(seg_lens, dtype=np.int32), mask, tuple(sources))
+        return Row(tokens, np.asarray(seg_lens, dtype=np.int32), mask, tuple(sources), np.asarray(starts, dtype=bool))
 
     def get_state(self) -> Dict[str, Any]:
         if self._doc is None:

@@ -177,7 +177,7 @@ class ReadParquet(Node[Doc]):
                         log.warning("skipping null text at %s (further nulls are counted, not logged)",
                                     self.units.where(self._slice.unit, int(self._rows[i])))
                     continue
-                return Doc(text, self.source, self._slice.unit, int(self._rows[i]))
+                return Doc(text, self.source, self._slice.unit, int(self._rows[i]), self._slice.epoch)
             self._slice = None
 
     def get_state(self) -> Dict[str, Any]:

@@ -69,7 +69,7 @@ class Tokenize(Node[TokenDoc]):
             arr[head:head + len(t)] = t
             if tail:
                 arr[-1] = self.eos
-            out.append(TokenDoc(arr, d.source))
+            out.append(TokenDoc(arr, d.source, None, d.epoch))
         self._out = out
         self._emitted, self._skip = self._skip, 0
 
