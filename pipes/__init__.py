@@ -3,19 +3,26 @@
 from .base import Node, StateError
 from .batch import Batch, collate_rows
 from .items import Doc, Row, TokenDoc
+from .jsonl import ReadJsonl, list_jsonl_units
 from .loader import NodeDataset, ShardContext, TokenLoomLoader
+from .memory import FromList
+from .mix import Mix
 from .pack_bestfit import BestFitPack
 from .pack_flat import FlatPack
 from .parquet import ReadParquet, UnitTable, list_parquet_units
+from .readers import SourcePlan, plan_source
+from .schedule import StepClock
 from .shard import ShardUnits, WorkSlice, plan_epoch
 from .sources import SourceFile, fingerprint_files, resolve_files
-from .stats import WithStats
+from .stats import WithStats, format_stats
+from .text_files import LineUnitTable, ReadText, list_text_units
 from .tokenize import Tokenize
 from .tokenizer import Encoder, load_encoder
 
 __all__ = [
-    "Batch", "BestFitPack", "Doc", "Encoder", "FlatPack", "Node", "NodeDataset", "ReadParquet", "Row",
-    "ShardContext", "ShardUnits", "SourceFile", "StateError", "TokenDoc", "Tokenize", "TokenLoomLoader",
-    "UnitTable", "WithStats", "WorkSlice", "collate_rows", "fingerprint_files", "list_parquet_units",
-    "load_encoder", "plan_epoch", "resolve_files",
+    "Batch", "BestFitPack", "Doc", "Encoder", "FlatPack", "FromList", "LineUnitTable", "Mix", "Node",
+    "NodeDataset", "ReadJsonl", "ReadParquet", "ReadText", "Row", "ShardContext", "ShardUnits", "SourceFile",
+    "SourcePlan", "StateError", "StepClock", "TokenDoc", "Tokenize", "TokenLoomLoader", "UnitTable", "WithStats",
+    "WorkSlice", "collate_rows", "fingerprint_files", "format_stats", "list_jsonl_units", "list_parquet_units",
+    "list_text_units", "load_encoder", "plan_epoch", "plan_source", "resolve_files",
 ]

@@ -25,13 +25,14 @@ parent's. A finite stream's last batch is filled with padding rows (all labels
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 import torch
 
 from .base import Node
 from .items import Row
+from .schedule import StepClock
 
 IGNORE_INDEX = -100
 
@@ -88,19 +89,45 @@ def collate_rows(rows: List[Row], *, batch_size: int, seq_len: int, pad_id: int)
 
 class Batch(Node[Dict[str, torch.Tensor]]):
     """Collects ``batch_size`` rows per batch; a final partial batch is completed
-    with padding rows, never dropped."""
+    with padding rows, never dropped.
+
+    It also counts, per declared source (``sources=``, a fixed set so the state has
+    the same keys at every step), the tokens and the document starts it delivers
+    (``counts()``: what the training loop will see), and advances a `StepClock`
+    when one is shared with a mixer's weights schedule; both are part of its state.
+    """
 
     PARENT = "parent"
-    STATE_KEYS = (PARENT,)
+    COUNTS = "counts"
+    CLOCK = "clock"
+    STATE_KEYS = (PARENT, COUNTS, CLOCK)
 
-    def __init__(self, parent: Node[Row], *, batch_size: int, seq_len: int, pad_id: int = 0):
+    def __init__(self, parent: Node[Row], *, batch_size: int, seq_len: int, pad_id: int = 0,
+                 sources: Sequence[str] = (), clock: Optional[StepClock] = None):
         super().__init__()
         if batch_size < 1:
             raise ValueError(f"{batch_size=} must be >= 1")
         self.parent, self.batch_size, self.seq_len, self.pad_id = parent, batch_size, seq_len, pad_id
+        self.sources = list(sources)
+        self.clock = clock
+        self._counts: Dict[str, List[int]] = {}
 
     def reset(self, initial_state: Optional[Dict[str, Any]] = None) -> None:
-        self.parent.reset(None if initial_state is None else initial_state[self.PARENT])
+        if initial_state is None:
+            self.parent.reset(None)
+            self._counts = {n: [0, 0] for n in self.sources}
+            if self.clock is not None:
+                self.clock.load(None)
+            return
+        saved = initial_state[self.COUNTS]
+        if sorted(saved) != sorted(self.sources):
+            raise ValueError(f"Batch: saved counts are for sources {sorted(saved)}, this batcher counts "
+                             f"{sorted(self.sources)}")
+        self._counts = {n: [int(t), int(d)] for n, (t, d) in saved.items()}
+        if self.clock is not None:
+            self.clock.load(initial_state[self.CLOCK])
+        # The clock must hold its saved value before the parent replays (the mixer reads it).
+        self.parent.reset(initial_state[self.PARENT])
 
     def next(self) -> Dict[str, torch.Tensor]:
         rows: List[Row] = []
@@ -111,7 +138,23 @@ class Batch(Node[Dict[str, torch.Tensor]]):
                 break
         if not rows:
             raise StopIteration
+        counts = self._counts
+        for row in rows:
+            starts = row.starts
+            for k, (src, n) in enumerate(zip(row.sources, row.seg_lens.tolist())):
+                c = counts.get(src)
+                if c is None:
+                    continue
+                c[0] += n
+                c[1] += 1 if starts is None or starts[k] else 0
+        if self.clock is not None:
+            self.clock.batches += 1
         return collate_rows(rows, batch_size=self.batch_size, seq_len=self.seq_len, pad_id=self.pad_id)
 
+    def counts(self) -> Dict[str, List[int]]:
+        """Per source: [tokens, document starts] delivered in batches so far."""
+        return {n: list(c) for n, c in self._counts.items()}
+
     def get_state(self) -> Dict[str, Any]:
-        return {self.PARENT: self.parent.state_dict()}
+        return {self.PARENT: self.parent.state_dict(), self.COUNTS: self.counts(),
+                self.CLOCK: self.clock.state() if self.clock is not None else None}

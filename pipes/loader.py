@@ -172,10 +172,14 @@ class TokenLoomLoader(StatefulDataLoader):
     ROUND = "round"
     STATS = "stats"
     PADDING_BATCHES = "padding_batches"
+    STEPS = "steps"
+    EARLIER = "earlier_rounds"
 
     def __init__(self, factory: GraphFactory, *, config: Mapping[str, Any], rank: int = 0, world_size: int = 1,
-                 num_workers: int = 0, stats_keys: Sequence[str] = (), rank_sync: Optional[Any] = None,
-                 padding_batch: Optional[Callable[[], Any]] = None, **loader_kwargs: Any):
+                 num_workers: int = 0, stats_keys: Sequence[str] = (),
+                 stats_view: Optional[Callable[[Dict[str, int], int], Dict[str, Any]]] = None,
+                 rank_sync: Optional[Any] = None, padding_batch: Optional[Callable[[], Any]] = None,
+                 **loader_kwargs: Any):
         for bad in ("batch_size", "shuffle", "sampler", "batch_sampler", "collate_fn", "drop_last"):
             if bad in loader_kwargs:
                 raise TypeError(f"{bad}= is decided by the node graph, not by the DataLoader; remove it")
@@ -194,7 +198,10 @@ class TokenLoomLoader(StatefulDataLoader):
                              **loader_kwargs)
         self.config = dict(config)
         self.stats_keys = tuple(stats_keys)
+        self.stats_view = stats_view
         self._worker_stats: Dict[str, List[int]] = {}
+        self._earlier_rounds: List[int] = [0] * len(self.stats_keys)  # counters of finished rounds
+        self._steps = 0  # batches handed to the training loop in this round
         if rank_sync is not None and padding_batch is None:
             raise ValueError("rank_sync= needs padding_batch= (what a rank yields after its data ran out)")
         self.rank_sync, self.padding_batch = rank_sync, padding_batch
@@ -205,6 +212,7 @@ class TokenLoomLoader(StatefulDataLoader):
         it = self._iterator
         if it is not None and getattr(it, "_finished", False) and not self._initial_iter_for_state_dict:
             self.dataset.round += 1
+            self._next_round()
         return _StatsIterator(self, super().__iter__())
 
     def _see(self, batch: Any) -> Any:
@@ -212,18 +220,29 @@ class TokenLoomLoader(StatefulDataLoader):
             stats = batch.pop(STATS_KEY)
             worker = int(stats[0])
             self._worker_stats[str(worker)] = [int(x) for x in stats[1:].tolist()]
+        self._steps += 1
         return batch
 
-    def stats(self) -> Dict[str, int]:
+    def stats(self) -> Dict[str, Any]:
         """Cumulative counters over the batches this loader has handed to the training
-        loop (summed over workers); checkpointed with the state."""
-        totals = {k: 0 for k in self.stats_keys}
+        loop (summed over workers); checkpointed with the state. Recipes shape them
+        (pretrain: packing figures plus per-source tokens, documents, epochs, target
+        and share); `tokenloom.pipes.stats.format_stats` prints them as a table."""
+        totals = dict(zip(self.stats_keys, self._earlier_rounds))
         for vec in self._worker_stats.values():
             for k, v in zip(self.stats_keys, vec):
                 totals[k] += v
+        out: Dict[str, Any] = self.stats_view(totals, self._steps) if self.stats_view else totals
         if self.rank_sync is not None:
-            totals["rank_padding_batches"] = self._padding_batches
-        return totals
+            out["rank_padding_batches"] = self._padding_batches
+        return out
+
+    def _next_round(self) -> None:
+        # Worker graphs restart their counters with every round: keep the finished rounds' sums.
+        for vec in self._worker_stats.values():
+            self._earlier_rounds = [a + b for a, b in zip(self._earlier_rounds, vec)]
+        self._worker_stats = {}
+        self._steps = 0
 
     def worker_stats(self) -> Dict[str, List[int]]:
         """Per worker, the latest cumulative statistics vector seen by the training loop."""
@@ -239,6 +258,8 @@ class TokenLoomLoader(StatefulDataLoader):
                 self.ROUND: int(self.dataset.round),
                 self.STATS: copy.deepcopy(self._worker_stats),
                 self.PADDING_BATCHES: self._padding_batches,
+                self.STEPS: self._steps,
+                self.EARLIER: list(self._earlier_rounds),
             },
             self.LOADER: super().state_dict(),
         }
@@ -258,9 +279,12 @@ class TokenLoomLoader(StatefulDataLoader):
         inner = state_dict[self.LOADER]
         self._worker_stats = copy.deepcopy(meta[self.STATS])
         self._padding_batches = int(meta[self.PADDING_BATCHES])
+        self._steps = int(meta[self.STEPS])
+        self._earlier_rounds = [int(x) for x in meta[self.EARLIER]]
         if inner.get(_ITERATOR_FINISHED):
             # Saved after a round ran to its end: resume with the next round (meta-pytorch/data#1437).
             self.dataset.round = int(meta[self.ROUND]) + 1
+            self._next_round()
             super().load_state_dict({})
         else:
             self.dataset.round = int(meta[self.ROUND])

@@ -20,13 +20,13 @@ from .loader import STATS_KEY
 
 
 class WithStats(Node[Dict[str, Any]]):
-    """Adds ``batch[STATS_KEY] = [worker, *counters]`` using ``counters()`` (a callable
-    returning a dict with ``keys``)."""
+    """Adds ``batch[STATS_KEY] = [worker, *counters()]``; ``counters`` returns a list of
+    ints in the order of ``keys`` (the loader sums them per key over workers)."""
 
     PARENT = "parent"
     STATE_KEYS = (PARENT,)
 
-    def __init__(self, parent: Node, *, counters: Callable[[], Dict[str, int]], keys: Sequence[str], worker: int):
+    def __init__(self, parent: Node, *, counters: Callable[[], Sequence[int]], keys: Sequence[str], worker: int):
         super().__init__()
         self.parent, self.counters, self.keys, self.worker = parent, counters, tuple(keys), worker
 
@@ -35,9 +35,30 @@ class WithStats(Node[Dict[str, Any]]):
 
     def next(self) -> Dict[str, Any]:
         batch = next(self.parent)
-        c = self.counters()
-        batch[STATS_KEY] = torch.tensor([self.worker, *(int(c[k]) for k in self.keys)], dtype=torch.int64)
+        values = list(self.counters())
+        if len(values) != len(self.keys):
+            raise RuntimeError(f"WithStats: counters() gave {len(values)} values for {len(self.keys)} keys")
+        batch[STATS_KEY] = torch.tensor([self.worker, *values], dtype=torch.int64)
         return batch
 
     def get_state(self) -> Dict[str, Any]:
         return {self.PARENT: self.parent.state_dict()}
+
+
+def format_stats(stats: Dict[str, Any]) -> str:
+    """A plain-text table of `loader.stats()` for logs: packing figures, then per source
+    tokens, documents, epochs, target share and observed share."""
+    lines = []
+    tokens_in, out, pad = stats.get("tokens_in", 0), stats.get("tokens_out", 0), stats.get("padding", 0)
+    if tokens_in or out:
+        lines.append(f"packing: {out:,} tokens in rows, padding {100 * pad / max(out + pad, 1):.3f}%, "
+                     f"discarded {100 * stats.get('discarded', 0) / max(tokens_in, 1):.3f}%, "
+                     f"{stats.get('documents', 0):,} documents, {stats.get('chunked', 0):,} cut")
+    sources = stats.get("sources") or {}
+    if sources:
+        lines.append(f"{'source':<16}{'tokens':>14}{'documents':>12}{'epochs':>8}{'target':>9}{'share':>9}{'diff':>8}")
+        for name, s in sources.items():
+            diff = 100 * (s["share"] - s["target"])
+            lines.append(f"{name:<16}{s['tokens']:>14,}{s['documents']:>12,}{s['epochs']:>8}"
+                         f"{100 * s['target']:>8.2f}%{100 * s['share']:>8.2f}%{diff:>+7.2f}")
+    return "\n".join(lines)

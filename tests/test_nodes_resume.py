@@ -81,8 +81,8 @@ def test_batch_and_stats(parts):
     def build():
         tok = Tokenize(_reader(units, epochs=1), enc, bos=0, batch_docs=16)
         packer = BestFitPack(tok, seq_len=31, buffer_size=20, pad_id=2)
-        return WithStats(Batch(packer, batch_size=3, seq_len=31, pad_id=2), counters=packer.stats,
-                         keys=PACK_STAT_KEYS, worker=0)
+        return WithStats(Batch(packer, batch_size=3, seq_len=31, pad_id=2),
+                         counters=lambda: [packer.stats()[k] for k in PACK_STAT_KEYS], keys=PACK_STAT_KEYS, worker=0)
 
     n = check_node_resume(build, max_steps=1000, horizon=2)
     assert n > 50

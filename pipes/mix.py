@@ -1,0 +1,255 @@
+"""Mix several tokenized sources into one stream, by weight or by pattern.
+
+Strategies (which source gives the next document):
+
+- ``"interleave"`` (default): deterministic weighted interleave. Pick the source
+  furthest below its share, ``argmax_i(w_i * total - count_i)``, counting tokens
+  (``unit="tokens"``) or documents. Shares are exact up to one document at every
+  point of the stream: the lowest variance a mixture can have.
+- ``"random"``: seeded weighted random. By documents, source ``i`` has probability
+  ``w_i``; by tokens, ``w_i / mean_len_i`` with each source's mean document length
+  estimated as it streams, so the expected token share is ``w_i``. Random numbers
+  come in seeded blocks of 1024 per (seed, shard, block): the state is a counter.
+- ``"round_robin"``: one document from each source in turn.
+- ``"sequential"``: each source to its end, then the next (needs a stop rule).
+- ``"alternating"``: a ``pattern`` of source names, ``burst`` documents per entry.
+
+Stop rules, with each source's documents counted in passes (epochs) from
+``first_epoch``; a source is *exhausted* once it has delivered ``passes`` passes:
+
+- ``"never"`` (default): sources cycle forever;
+- ``"first_exhausted"``: the stream ends when any source is exhausted;
+- ``"all_exhausted"``: the stream ends when every source is; meanwhile exhausted
+  sources keep cycling (``cycle_exhausted=True``, the weights hold) or drop out.
+
+Children must be endless streams (the mixer decides when to stop, by the epoch
+each document carries); the document that shows a source has finished its passes
+is not emitted. Weights may follow a schedule over training steps (see
+`schedule`). State: each child's state under its name, per-source token and
+document counts, the pick counter, and the strategy's cursor.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+import numpy as np
+
+from .base import Node
+from .items import TokenDoc
+from .schedule import StepClock, Weights, normalize_schedule
+from .shard import rng_for
+
+STRATEGIES = ("interleave", "random", "round_robin", "sequential", "alternating")
+STOPS = ("never", "first_exhausted", "all_exhausted")
+UNITS = ("tokens", "documents")
+MIX_TAG = 0x313
+_BLOCK = 1024
+#: Prior mean document length (tokens) for the random strategy before a source has been seen.
+PRIOR_TOKENS = 256.0
+
+
+class Mix(Node[TokenDoc]):
+    CHILDREN = "children"
+    TOKENS = "tokens"
+    DOCUMENTS = "documents"
+    PASSES = "passes"
+    EXHAUSTED = "exhausted"
+    PICKS = "picks"
+    CURSOR = "cursor"
+    ENDED = "ended"
+    ERA = "era"
+    ERA_BASE = "era_base"
+    STATE_KEYS = (CHILDREN, TOKENS, DOCUMENTS, PASSES, EXHAUSTED, PICKS, CURSOR, ENDED, ERA, ERA_BASE)
+
+    def __init__(self, children: Mapping[str, Node[TokenDoc]], *, weights: Optional[Weights] = None,
+                 strategy: str = "interleave", unit: str = "tokens", stop: str = "never",
+                 cycle_exhausted: bool = True, passes: int = 1, first_epoch: int = 0,
+                 pattern: Optional[Sequence[str]] = None, burst: int = 1, seed: int = 0, shard: int = 0,
+                 clock: Optional[StepClock] = None):
+        super().__init__()
+        if not children:
+            raise ValueError("Mix needs at least one source")
+        for name, value, allowed in (("strategy", strategy, STRATEGIES), ("stop", stop, STOPS), ("unit", unit, UNITS)):
+            if value not in allowed:
+                raise ValueError(f"{name}={value!r} is not one of {allowed}")
+        self.names = list(children)
+        self.children = [children[n] for n in self.names]
+        self.schedule = normalize_schedule(weights, self.names)
+        if len(self.schedule) > 1 and clock is None:
+            raise ValueError("a weights schedule needs a StepClock shared with the batcher (the recipes wire it)")
+        if strategy == "sequential" and (stop == "never" or cycle_exhausted and stop == "all_exhausted"):
+            raise ValueError("strategy='sequential' moves on when a source is exhausted: pass stop='all_exhausted' "
+                             "with cycle_exhausted=False, or stop='first_exhausted'")
+        if strategy == "alternating":
+            if not pattern:
+                raise ValueError("strategy='alternating' needs pattern=[source names ...]")
+            bad = [p for p in pattern if p not in self.names]
+            if bad:
+                raise ValueError(f"pattern names unknown sources {bad}; the sources are {self.names}")
+            self.pattern = [self.names.index(p) for p in pattern]
+        else:
+            self.pattern = []
+        if burst < 1:
+            raise ValueError(f"{burst=} must be >= 1")
+        if passes < 1:
+            raise ValueError(f"{passes=} must be >= 1")
+        self.strategy, self.unit, self.stop, self.cycle_exhausted = strategy, unit, stop, cycle_exhausted
+        self.passes, self.first_epoch, self.burst = passes, first_epoch, burst
+        self.seed, self.shard = seed, shard
+        self.clock = clock
+        self._block_id = -1
+        self._block: Optional[np.ndarray] = None
+        self._fresh()
+
+    def _fresh(self) -> None:
+        n = len(self.names)
+        self._tokens = [0] * n
+        self._docs = [0] * n
+        self._passes = [0] * n
+        self._exhausted = [False] * n
+        self._picks = 0
+        self._cursor = 0
+        self._ended = False
+        self._era = -1
+        self._era_base = [0] * n  # the counted unit at the start of the current era
+
+    def reset(self, initial_state: Optional[Dict[str, Any]] = None) -> None:
+        if initial_state is None:
+            self._fresh()
+            for c in self.children:
+                c.reset(None)
+            return
+        kids = initial_state[self.CHILDREN]
+        if sorted(kids) != sorted(self.names):
+            raise ValueError(f"Mix: saved state has sources {sorted(kids)}, this mixer has {sorted(self.names)}")
+        for name, c in zip(self.names, self.children):
+            c.reset(kids[name])
+        self._tokens = [int(x) for x in initial_state[self.TOKENS]]
+        self._docs = [int(x) for x in initial_state[self.DOCUMENTS]]
+        self._passes = [int(x) for x in initial_state[self.PASSES]]
+        self._exhausted = [bool(x) for x in initial_state[self.EXHAUSTED]]
+        self._picks = int(initial_state[self.PICKS])
+        self._cursor = int(initial_state[self.CURSOR])
+        self._ended = bool(initial_state[self.ENDED])
+        self._era = int(initial_state[self.ERA])
+        self._era_base = [int(x) for x in initial_state[self.ERA_BASE]]
+
+    # --- choosing a source ---------------------------------------------------------
+    def _shares(self) -> List[float]:
+        if self.clock is None:
+            return [self.schedule[0][1][n] for n in self.names]
+        era = self.clock.era_for_pick(self._picks, self.schedule, self.names)
+        if era != self._era:
+            # Shares are kept from the start of each era, so a change of weights does not
+            # set off a burst to repay the previous era's mixture.
+            self._era = era
+            self._era_base = list(self._tokens if self.unit == "tokens" else self._docs)
+        return self.clock.eras[era][1]
+
+    def _uniform(self) -> float:
+        block, i = divmod(self._picks, _BLOCK)
+        if block != self._block_id:
+            self._block = rng_for(self.seed, MIX_TAG, self.shard, block).random(_BLOCK)
+            self._block_id = block
+        return float(self._block[i])
+
+    def _participates(self, i: int) -> bool:
+        """Can source i be picked at all? (Not if it has no weight now, or is not in the pattern.)
+        Only those count for "all exhausted", or a never-picked source would keep the stream open."""
+        if self.strategy in ("interleave", "random"):
+            return self._shares()[i] > 0
+        if self.strategy == "alternating":
+            return i in self.pattern
+        return True
+
+    def _eligible(self, i: int) -> bool:
+        return not self._exhausted[i] or (self.stop == "all_exhausted" and self.cycle_exhausted)
+
+    def _choose(self) -> int:
+        n = len(self.names)
+        if self.strategy in ("interleave", "random"):
+            shares = self._shares()
+            active = [i for i in range(n) if self._eligible(i) and shares[i] > 0]
+            if not active:
+                return -1
+            if self.strategy == "interleave":
+                counts = self._tokens if self.unit == "tokens" else self._docs
+                counts = [c - b for c, b in zip(counts, self._era_base)]
+                total = sum(counts[i] for i in active)
+                mass = sum(shares[i] for i in active)
+                return max(active, key=lambda i: (shares[i] / mass * total - counts[i], -i))
+            if self.unit == "tokens":
+                rates = [shares[i] / ((self._tokens[i] + PRIOR_TOKENS) / (self._docs[i] + 1)) for i in active]
+            else:
+                rates = [shares[i] for i in active]
+            u = self._uniform() * sum(rates)
+            acc = 0.0
+            for i, r in zip(active, rates):
+                acc += r
+                if u < acc:
+                    return i
+            return active[-1]
+        if self.strategy == "round_robin":
+            for k in range(n):
+                i = (self._cursor + k) % n
+                if self._eligible(i):
+                    self._cursor = i + 1
+                    return i
+            return -1
+        if self.strategy == "sequential":
+            while self._cursor < n and not self._eligible(self._cursor):
+                self._cursor += 1
+            return self._cursor if self._cursor < n else -1
+        # alternating: pattern entry (cursor // burst) % len(pattern), skipping exhausted sources
+        for _ in range(len(self.pattern) * self.burst):
+            i = self.pattern[(self._cursor // self.burst) % len(self.pattern)]
+            self._cursor += 1
+            if self._eligible(i):
+                return i
+        return -1
+
+    # --- the node ------------------------------------------------------------------
+    def next(self) -> TokenDoc:
+        while not self._ended:
+            i = self._choose()
+            if i < 0:
+                self._ended = True
+                break
+            doc = next(self.children[i])  # children are endless; a finite one ending is an error upstream
+            self._picks += 1
+            passes = doc.epoch - self.first_epoch
+            if passes > self._passes[i]:
+                self._passes[i] = passes
+            if self.stop != "never" and passes >= self.passes:
+                # This document opens a pass beyond the limit: the source is exhausted.
+                self._exhausted[i] = True
+                if self.stop == "first_exhausted" or all(
+                        self._exhausted[j] or not self._participates(j) for j in range(len(self.names))):
+                    self._ended = True
+                    break
+                if not self.cycle_exhausted:
+                    continue  # it belongs to the next pass; the source drops out
+            self._tokens[i] += len(doc.ids)
+            self._docs[i] += 1
+            return doc
+        raise StopIteration
+
+    def get_state(self) -> Dict[str, Any]:
+        return {
+            self.CHILDREN: {n: c.state_dict() for n, c in zip(self.names, self.children)},
+            self.TOKENS: list(self._tokens), self.DOCUMENTS: list(self._docs), self.PASSES: list(self._passes),
+            self.EXHAUSTED: list(self._exhausted), self.PICKS: self._picks, self.CURSOR: self._cursor,
+            self.ENDED: self._ended, self.ERA: self._era, self.ERA_BASE: list(self._era_base),
+        }
+
+    def source_stats(self) -> Dict[str, Dict[str, int]]:
+        """Per source: tokens and documents handed downstream, and passes started."""
+        return {n: {"tokens": self._tokens[i], "documents": self._docs[i], "epochs": self._passes[i]}
+                for i, n in enumerate(self.names)}
+
+    def targets(self) -> Dict[str, float]:
+        """The shares in force for the latest pick."""
+        if self.clock is None or not self.clock.eras:
+            return dict(self.schedule[0][1])
+        return dict(zip(self.names, self.clock.eras[-1][1]))

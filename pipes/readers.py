@@ -1,0 +1,106 @@
+"""One source, any format: resolve the files, list the work units, and build the reader.
+
+`plan_source` runs once in the process that builds the loader (so a missing file,
+a missing column or an unreadable footer fails before any worker starts) and
+returns a small picklable `SourcePlan`; inside each worker
+``plan.reader(shard_node)`` builds the right reader for the shard.
+
+The format comes from the file endings (``.parquet``, ``.jsonl``/``.json``/``.ndjson``,
+``.txt``/``.md``/``.text``); a directory is searched for each format and must
+hold exactly one kind, or ``fmt=`` must say which.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, List, Optional, Union
+
+from .base import Node
+from .items import Doc
+from .jsonl import ReadJsonl, list_jsonl_units
+from .parquet import ReadParquet, list_parquet_units
+from .shard import ShardUnits
+from .sources import FORMAT_SUFFIXES, SourceFile, SourceSpec, fingerprint_files, resolve_files
+from .text_files import ReadText, list_text_units
+
+TEXT_MODES = ("file", "paragraphs")
+
+
+@dataclass
+class SourcePlan:
+    """A listed source: its files, work units, and how to read a document from them."""
+
+    name: str
+    fmt: str
+    files: List[SourceFile]
+    units: Any  # UnitTable (parquet) or LineUnitTable (jsonl, txt)
+    column: str
+    text_mode: str
+    require_type: Optional[type] = str
+
+    @property
+    def total_rows(self) -> int:
+        return int(self.units.total_rows)
+
+    @property
+    def fingerprint(self) -> str:
+        return f"{self.fmt}:{fingerprint_files(self.files)}"
+
+    def reader(self, shard: ShardUnits, *, seed: int) -> Node[Doc]:
+        if self.fmt == "parquet":
+            return ReadParquet(shard, self.units, column=self.column, source=self.name, seed=seed)
+        if self.fmt == "jsonl":
+            return ReadJsonl(shard, self.units, field=self.column, source=self.name, seed=seed,
+                             require_type=self.require_type)
+        return ReadText(shard, self.units, source=self.name, seed=seed)
+
+
+def _format_of(spec: str) -> Optional[str]:
+    base = spec.split("?", 1)[0].lower()
+    for fmt, suffixes in FORMAT_SUFFIXES.items():
+        if base.endswith(suffixes):
+            return fmt
+    return None
+
+
+def detect_format(spec: SourceSpec) -> str:
+    specs = [spec] if isinstance(spec, (str, os.PathLike)) else list(spec)
+    found = set()
+    for one in specs:
+        one = os.fspath(one)
+        fmt = _format_of(one)
+        if fmt is None:  # a directory (or a glob without an ending): look for each kind
+            kinds = []
+            for candidate in FORMAT_SUFFIXES:
+                try:
+                    resolve_files(one, candidate)
+                except FileNotFoundError:
+                    continue
+                kinds.append(candidate)
+            if len(kinds) > 1:
+                raise ValueError(f"source {one!r} holds several kinds of files ({kinds}); "
+                                 "point it at one kind, or pass the format explicitly")
+            if not kinds:
+                raise FileNotFoundError(f"source {one!r} matched no parquet, jsonl or txt files")
+            fmt = kinds[0]
+        found.add(fmt)
+    if len(found) > 1:
+        raise ValueError(f"one source mixes formats {sorted(found)}; give each format its own source name")
+    return found.pop()
+
+
+def plan_source(name: str, spec: SourceSpec, *, column: str = "text", text_mode: str = "file",
+                fmt: Optional[str] = None, require_type: Optional[type] = str) -> SourcePlan:
+    """Resolve, check and list one source (see the module docstring)."""
+    if text_mode not in TEXT_MODES:
+        raise ValueError(f"{text_mode=} is not one of {TEXT_MODES}")
+    fmt = fmt or detect_format(spec)
+    files = resolve_files(spec, fmt)
+    if fmt == "parquet":
+        units = list_parquet_units(files, column)
+    elif fmt == "jsonl":
+        units = list_jsonl_units(files, field=column)
+    else:
+        units = list_text_units(files, mode=text_mode)
+    return SourcePlan(name, fmt, files, units, column, text_mode, require_type)

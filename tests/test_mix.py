@@ -1,0 +1,179 @@
+"""Mixing: strategies and stop rules through the resume helper, token shares, schedules,
+changing weights at a checkpoint, and bad weights."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from tokenloom.pipes import ReadParquet, ShardUnits, Tokenize, list_parquet_units, load_encoder, resolve_files
+from tokenloom.pipes.mix import Mix
+from tokenloom.pipes.stats import format_stats
+from tokenloom.recipes import pretrain
+
+from .conftest import WORDS, write_corpus
+from .resume import check_loader_resume, check_node_resume, items_equal
+
+SOURCES = {"a": 200, "b": 120, "c": 80}
+
+
+def short_texts(n, tag, seed, max_words=30):
+    """Documents shorter than a 256-token row, so every segment is a whole document."""
+    rng = np.random.default_rng(seed)
+    return [f"{tag}{i:05d} " + " ".join(rng.choice(WORDS, int(k))) for i, k in
+            enumerate(rng.integers(1, max_words, n))]
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mix")
+    out = {}
+    for seed, (tag, n) in enumerate(SOURCES.items()):
+        write_corpus(str(root / tag), short_texts(n, tag, seed), files=2, row_group_size=32)
+        out[tag] = str(root / tag)
+    return out
+
+
+def branches(sources, tok_path, shard=0, num_shards=1):
+    enc = load_encoder(tok_path)
+    out = {}
+    for name, path in sources.items():
+        units = list_parquet_units(resolve_files(path), "text")
+        node = ShardUnits(units.rows, shard=shard, num_shards=num_shards, seed=1)
+        out[name] = Tokenize(ReadParquet(node, units, source=name, seed=1), enc, bos=0)
+    return out
+
+
+CASES = [
+    dict(strategy="interleave", weights={"a": 0.5, "b": 0.3, "c": 0.2}),
+    dict(strategy="interleave", unit="documents", weights={"a": 1, "b": 1, "c": 2}),
+    dict(strategy="random", weights={"a": 0.5, "b": 0.3, "c": 0.2}, seed=3),
+    dict(strategy="random", unit="documents", weights={"a": 0.2, "b": 0.2, "c": 0.6}, seed=3),
+    dict(strategy="round_robin"),
+    dict(strategy="alternating", pattern=["a", "a", "c", "b"], burst=3),
+    dict(strategy="sequential", stop="all_exhausted", cycle_exhausted=False),
+    dict(strategy="sequential", stop="first_exhausted"),
+    dict(strategy="interleave", stop="first_exhausted", weights={"a": 0.2, "b": 0.3, "c": 0.5}),
+    dict(strategy="interleave", stop="all_exhausted", cycle_exhausted=True),
+    dict(strategy="round_robin", stop="all_exhausted", cycle_exhausted=False),
+    dict(strategy="alternating", pattern=["c", "a"], stop="all_exhausted", cycle_exhausted=True, burst=2),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items() if k != "weights"))
+def test_every_strategy_and_stop_rule_resumes_at_every_step(sources, tok_path, case):
+    limit = 1500 if case.get("stop") else 300
+    n = check_node_resume(lambda: Mix(branches(sources, tok_path), **case), max_steps=limit, horizon=3)
+    assert n > 50
+    if case.get("stop") in ("first_exhausted", "all_exhausted"):
+        assert n < limit, "a stop rule must end the stream"
+
+
+def test_stop_rules_count_documents(sources, tok_path):
+    """all_exhausted without cycling: every document exactly once; first_exhausted: ends when
+    the smallest source (c, 80 docs) is done under round robin."""
+    mix = Mix(branches(sources, tok_path), strategy="round_robin", stop="all_exhausted", cycle_exhausted=False)
+    mix.reset(None)
+    docs = list(mix)
+    assert len(docs) == sum(SOURCES.values())
+    mix = Mix(branches(sources, tok_path), strategy="round_robin", stop="first_exhausted")
+    mix.reset(None)
+    stats = (list(mix), mix.source_stats())[1]
+    # a comes before c in every round: it has one more when c turns out to be exhausted
+    assert stats["c"]["documents"] == 80 and stats["a"]["documents"] == 81
+
+
+def _identify(batches, enc):
+    """Independent count: tokens per source from the batches themselves (every segment is a whole
+    document here, whose text starts with its source's tag)."""
+    counts = {}
+    for b in batches:
+        for ids, seg, lab in zip(b["input_ids"], b["segment_ids"], b["labels"]):
+            last = int(seg.max())
+            for s in range(1, last + 1):
+                toks = ids[seg == s]
+                n = len(toks) + (1 if s == last and int(lab[-1]) != -100 else 0)
+                tag = re.match(r"([abc])\d{5}", enc.decode(toks[1:5].tolist())).group(1)
+                counts[tag] = counts.get(tag, 0) + n
+    return counts
+
+
+def test_token_shares_with_two_workers(sources, tok_path):
+    weights = {"a": 0.5, "b": 0.3, "c": 0.2}
+    loader = pretrain(sources, tokenizer=tok_path, weights=weights, seq_len=255, batch_size=4, num_workers=2,
+                      buffer_size=64, seed=2)
+    it = iter(loader)
+    batches = [next(it) for _ in range(300)]
+    stats = loader.stats()
+    for name, w in weights.items():
+        assert abs(stats["sources"][name]["share"] - w) < 0.02, format_stats(stats)
+        assert stats["sources"][name]["target"] == pytest.approx(w)
+    counted = _identify(batches, load_encoder(tok_path))
+    assert counted == {n: s["tokens"] for n, s in stats["sources"].items()}, (counted, stats)
+    assert stats["sources"]["c"]["epochs"] >= 1  # the small source cycled to keep its share
+    table = format_stats(stats)
+    assert "a " in table and "share" in table
+
+
+def test_schedule_switch_and_resume_between_switch_and_effect(sources, tok_path):
+    k = 40
+    schedule = [(0, {"a": 0.8, "b": 0.1, "c": 0.1}), (k, {"a": 0.1, "b": 0.1, "c": 0.8})]
+    build = lambda: pretrain(sources, tokenizer=tok_path, weights=schedule, seq_len=255, batch_size=4,
+                             buffer_size=32, seed=4)
+    ref = check_loader_resume(build, steps=[k - 1, k + 1, k + 3], total=k + 40)
+    enc = load_encoder(tok_path)
+    before = _identify(ref[10:k], enc)
+    after = _identify(ref[k + 15:], enc)  # past the buffer's delay
+    share = lambda c, n: c.get(n, 0) / sum(c.values())
+    assert abs(share(before, "a") - 0.8) < 0.05, before
+    assert abs(share(after, "c") - 0.8) < 0.05, after
+
+
+def test_change_weights_at_a_checkpoint(sources, tok_path):
+    """Save; rebuild with other weights; load with allow_weight_change; nothing lost or repeated."""
+    common = dict(tokenizer=tok_path, seq_len=255, batch_size=2, buffer_size=16, epochs=1, stop="all_exhausted",
+                  cycle_exhausted=False, seed=6)
+    loader = pretrain(sources, weights={"a": 0.8, "b": 0.1, "c": 0.1}, **common)
+    it = iter(loader)
+    head = [next(it) for _ in range(10)]
+    state = loader.state_dict()
+    other = pretrain(sources, weights={"a": 0.1, "b": 0.1, "c": 0.8}, **common)
+    with pytest.raises(ValueError, match="weights"):
+        other.load_state_dict(state)
+    other.load_state_dict(state, allow_weight_change=True)
+    tail = list(other)
+    enc = load_encoder(tok_path)
+    seen = []
+    for b in head + tail:
+        for ids, seg in zip(b["input_ids"], b["segment_ids"]):
+            for s in range(1, int(seg.max()) + 1):
+                seen.append(re.match(r"[abc]\d{5}", enc.decode(ids[seg == s][1:5].tolist())).group(0))
+    assert len(seen) == len(set(seen)), "a document was repeated"
+    assert len(seen) == sum(SOURCES.values()), "a document was lost"
+    early = _identify(tail[:10], enc)
+    assert early.get("c", 0) > early.get("a", 0), "the new weights took effect"
+
+
+@pytest.mark.parametrize("weights,match", [
+    ({"a": 1, "b": 1, "zz": 1}, r"unknown sources \['zz'\]"),
+    ({"a": 1, "b": 1}, r"miss sources \['c'\]"),
+    ({"a": 1, "b": -1, "c": 1}, r"weight for 'b' is -1"),
+    ({"a": 1, "b": float("nan"), "c": 1}, r"weight for 'b' is nan"),
+    ({"a": 0, "b": 0, "c": 0}, "all weights are zero"),
+    ([(5, {"a": 1, "b": 1, "c": 1})], "must start at step 0"),
+    ([(0, {"a": 1, "b": 1, "c": 1}), (0, {"a": 1, "b": 1, "c": 1})], "steps must increase"),
+])
+def test_bad_weights(sources, tok_path, weights, match):
+    with pytest.raises(ValueError, match=match):
+        pretrain(sources, tokenizer=tok_path, weights=weights)
+
+
+def test_empty_source_is_named(sources, tok_path, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"text": pa.array([], pa.string())}), tmp_path / "empty.parquet")
+    with pytest.raises(ValueError, match="source 'empty' has 0 rows"):
+        pretrain({**sources, "empty": str(tmp_path / "empty.parquet")}, tokenizer=tok_path)
