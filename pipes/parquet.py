@@ -58,8 +58,9 @@ def _text_like(t: pa.DataType) -> bool:
     return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)
 
 
-def list_parquet_units(files: Sequence[SourceFile], column: str) -> UnitTable:
-    """Read every footer once; check that ``column`` exists and holds text."""
+def list_parquet_units(files: Sequence[SourceFile], column: str, *, require_text: bool = True) -> UnitTable:
+    """Read every footer once; check that ``column`` exists (and holds text, unless
+    ``require_text=False``, as for a list of chat messages)."""
     f_idx, rgs, rows = [], [], []
     for i, f in enumerate(files):
         try:
@@ -75,7 +76,7 @@ def list_parquet_units(files: Sequence[SourceFile], column: str) -> UnitTable:
                 "Pass text_column= with one of them."
             )
         typ = schema.field(column).type
-        if not _text_like(typ):
+        if require_text and not _text_like(typ):
             raise ValueError(
                 f"column {column!r} in {f.uri or f.path} has type {typ}, not text; "
                 "pass text_column= naming a string column"

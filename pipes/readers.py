@@ -98,7 +98,7 @@ def plan_source(name: str, spec: SourceSpec, *, column: str = "text", text_mode:
     fmt = fmt or detect_format(spec)
     files = resolve_files(spec, fmt)
     if fmt == "parquet":
-        units = list_parquet_units(files, column)
+        units = list_parquet_units(files, column, require_text=require_type is str)
     elif fmt == "jsonl":
         units = list_jsonl_units(files, field=column)
     else:

@@ -1,0 +1,64 @@
+"""`sft(...)`: conversations in, packed batches with a loss mask out, exactly resumable.
+
+Conversations are ``{"messages": [{"role", "content"}, ...]}`` records in jsonl or
+parquet (a list-of-struct column). Each is rendered by a chat template into token
+ids and a mask that trains the assistant's tokens and their end-of-turn token,
+nothing else; ``labels`` are -100 wherever the target is not trained. Rows are
+packed best-fit with padding, so a conversation is never cut in the middle unless
+it is longer than a row, which ``long_conversations`` decides and counts
+(``"truncate"`` by default, ``"split"`` or ``"drop"``). Everything else is as in
+`pretrain`: named sources, weights, schedules, workers, ranks, exact resume.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
+
+from tokenloom.pipes.chat import ChatTemplate
+from tokenloom.pipes.loader import TokenLoomLoader
+from tokenloom.pipes.rank_sync import RankSync
+from tokenloom.pipes.schedule import Weights
+from tokenloom.pipes.sources import SourceSpec
+
+from .packed import packed_loader
+
+
+def sft(
+    sources: Union[SourceSpec, Mapping[str, SourceSpec]],
+    tokenizer: Any,
+    seq_len: int = 2048,
+    batch_size: int = 8,
+    template: Union[ChatTemplate, Callable, None] = None,
+    weights: Optional[Weights] = None,
+    packing: str = "bestfit",
+    buffer_size: int = 1000,
+    epochs: Optional[int] = None,
+    num_workers: int = 0,
+    seed: int = 0,
+    rank: Optional[int] = None,
+    world_size: Optional[int] = None,
+    messages_field: str = "messages",
+    long_conversations: str = "truncate",
+    mix: str = "interleave",
+    weights_unit: str = "tokens",
+    stop: Optional[str] = None,
+    cycle_exhausted: bool = True,
+    pattern: Optional[Sequence[str]] = None,
+    burst: int = 1,
+    rank_sync: Optional[RankSync] = None,
+    **loader_kwargs: Any,
+) -> TokenLoomLoader:
+    """Build a loader of packed conversation batches (see the module docstring and the README).
+
+    ``template`` is a `ChatTemplate` (default: ``<|bos|> (<|role|> content <|end|>)*`` with
+    the shipped tokenizer's special tokens) or a callable ``(messages, encoder) -> (ids, mask)``.
+    """
+    if packing == "bestfit-crop":
+        raise ValueError("packing='bestfit-crop' would cut conversations to fill rows; use 'bestfit' (default)")
+    return packed_loader(
+        sources, tokenizer, seq_len=seq_len, batch_size=batch_size, bos=None, weights=weights, packing=packing,
+        buffer_size=buffer_size, epochs=epochs, num_workers=num_workers, seed=seed, rank=rank,
+        world_size=world_size, text_column=messages_field, eos=None, mix=mix, weights_unit=weights_unit, stop=stop,
+        cycle_exhausted=cycle_exhausted, pattern=pattern, burst=burst, text_mode="file", rank_sync=rank_sync,
+        chat=template if template is not None else ChatTemplate(), long_conversations=long_conversations,
+        loader_kwargs=loader_kwargs)
