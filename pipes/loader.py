@@ -44,6 +44,10 @@ STATE_FORMAT = "tokenloom.loader"
 #: Batches may carry their worker's cumulative statistics under this key; the loader
 #: removes it before the batch reaches the training loop.
 STATS_KEY = "_tokenloom_stats"
+#: A "batch" holding only this key (and statistics) is dropped by the loader after it took
+#: the statistics: how a worker reports what it dropped (a final partial batch) without
+#: the training loop seeing it.
+DROP_KEY = "_tokenloom_drop"
 
 # torchdata's own key for "this iterator ran to its end" (stateful_dataloader.py).
 _ITERATOR_FINISHED = "_iterator_finished"
@@ -215,12 +219,13 @@ class TokenLoomLoader(StatefulDataLoader):
             self._next_round()
         return _StatsIterator(self, super().__iter__())
 
-    def _see(self, batch: Any) -> Any:
+    def _see(self, batch: Any, count: bool = True) -> Any:
         if isinstance(batch, dict) and STATS_KEY in batch:
             stats = batch.pop(STATS_KEY)
             worker = int(stats[0])
             self._worker_stats[str(worker)] = [int(x) for x in stats[1:].tolist()]
-        self._steps += 1
+        if count:
+            self._steps += 1
         return batch
 
     def stats(self) -> Dict[str, Any]:
@@ -302,14 +307,22 @@ class _StatsIterator:
     def __iter__(self):
         return self
 
+    def _next_kept(self):
+        while True:
+            batch = next(self._it)
+            if isinstance(batch, dict) and DROP_KEY in batch:
+                self._loader._see(batch, count=False)
+                continue
+            return batch
+
     def __next__(self):
         loader = self._loader
         if loader.rank_sync is None:
-            return loader._see(next(self._it))
+            return loader._see(self._next_kept())
         batch = None
         if not self._local_done:
             try:
-                batch = next(self._it)
+                batch = self._next_kept()
             except StopIteration:
                 self._local_done = True
         if not loader.rank_sync.any_true(batch is not None):

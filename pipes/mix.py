@@ -230,7 +230,8 @@ class Mix(Node[TokenDoc]):
                     break
                 if not self.cycle_exhausted:
                     continue  # it belongs to the next pass; the source drops out
-            self._tokens[i] += len(doc.ids)
+            if self.unit == "tokens" or isinstance(doc, TokenDoc):
+                self._tokens[i] += len(doc.ids)
             self._docs[i] += 1
             return doc
         raise StopIteration

@@ -1,0 +1,175 @@
+"""In-memory examples (lists of dicts) as sources, and batches of examples.
+
+`ReadList` treats an in-memory sequence like a file of rows: a `ShardUnits`
+parent with one unit of ``len(items)`` rows gives each (rank, worker) shard its
+contiguous range of a seeded per-epoch permutation, so examples are shuffled per
+epoch, disjoint across shards, and the state is a position (the sharder's state
+plus rows emitted). Each example comes out as a copy of the dict with
+``dataset_name`` and ``dataset_idx`` added.
+
+`Take` ends a stream after ``n`` items (fixed epoch lengths); `BatchExamples`
+collates ``batch_size`` examples with ``collate_fn`` (default: strings and other
+objects as lists, numbers as tensors, tensors and arrays stacked) and counts,
+per dataset, the examples it delivered.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence
+
+import numpy as np
+import torch
+
+from .base import Node
+from .loader import DROP_KEY
+from .shard import ROW_ORDER_TAG, ShardUnits, WorkSlice, rng_for
+
+
+class Example(NamedTuple):
+    value: Any
+    source: str
+    epoch: int
+
+
+class ReadList(Node[Example]):
+    PARENT = "parent"
+    ROW = "row"
+    STATE_KEYS = (PARENT, ROW)
+
+    def __init__(self, parent: ShardUnits, items: Sequence[Any], *, source: str, index: int = 0, seed: int = 0,
+                 shuffle: bool = True):
+        super().__init__()
+        self.parent, self.items, self.source, self.index = parent, items, source, index
+        self.seed, self.shuffle = seed, shuffle
+        self._slice: Optional[WorkSlice] = None
+        self._rows: np.ndarray = np.empty(0, np.int64)
+        self._start_state: Optional[Dict[str, Any]] = None
+        self._pos = self._skip_to = 0
+
+    def reset(self, initial_state: Optional[Dict[str, Any]] = None) -> None:
+        self._slice = None
+        if initial_state is None:
+            self.parent.reset(None)
+            self._start_state, self._skip_to = None, 0
+        else:
+            self._start_state = initial_state[self.PARENT]
+            self.parent.reset(self._start_state)
+            self._skip_to = int(initial_state[self.ROW])
+
+    def next(self) -> Example:
+        while True:
+            if self._slice is None:
+                self._start_state = self.parent.state_dict()
+                s = next(self.parent)
+                n = len(self.items)
+                order = rng_for(self.seed, ROW_ORDER_TAG, s.epoch, s.unit).permutation(n) if self.shuffle \
+                    else np.arange(n)
+                self._rows, self._slice = order[s.lo:s.hi], s
+                self._pos, self._skip_to = self._skip_to, 0
+            if self._pos < len(self._rows):
+                i = int(self._rows[self._pos])
+                self._pos += 1
+                item = self.items[i]
+                value = {**item, "dataset_name": self.source, "dataset_idx": self.index} \
+                    if isinstance(item, Mapping) else item
+                return Example(value, self.source, self._slice.epoch)
+            self._slice = None
+
+    def get_state(self) -> Dict[str, Any]:
+        if self._slice is None:
+            return {self.PARENT: self.parent.state_dict(), self.ROW: self._skip_to}
+        return {self.PARENT: self._start_state, self.ROW: self._pos}
+
+
+class Take(Node[Any]):
+    """The first ``n`` items of the parent, then the end."""
+
+    PARENT = "parent"
+    COUNT = "count"
+    STATE_KEYS = (PARENT, COUNT)
+
+    def __init__(self, parent: Node, n: int):
+        super().__init__()
+        if n < 0:
+            raise ValueError(f"{n=} must be >= 0")
+        self.parent, self.n, self._count = parent, n, 0
+
+    def reset(self, initial_state: Optional[Dict[str, Any]] = None) -> None:
+        self.parent.reset(None if initial_state is None else initial_state[self.PARENT])
+        self._count = 0 if initial_state is None else int(initial_state[self.COUNT])
+
+    def next(self) -> Any:
+        if self._count >= self.n:
+            raise StopIteration
+        item = next(self.parent)
+        self._count += 1
+        return item
+
+    def get_state(self) -> Dict[str, Any]:
+        return {self.PARENT: self.parent.state_dict(), self.COUNT: self._count}
+
+
+def default_collate(batch: List[Any]) -> Any:
+    """Dicts become dicts of columns: strings (and anything else) stay lists, numbers become
+    tensors, tensors and arrays are stacked. This is the multiplex seed's collate."""
+    if not batch:
+        return batch
+    first = batch[0]
+    if isinstance(first, Mapping):
+        return {k: default_collate([b[k] for b in batch]) for k in first}
+    if isinstance(first, torch.Tensor):
+        return torch.stack(batch)
+    if isinstance(first, np.ndarray):
+        return torch.from_numpy(np.stack(batch))
+    if isinstance(first, numbers.Number) and all(isinstance(b, numbers.Number) for b in batch):
+        return torch.tensor(batch)
+    return list(batch)
+
+
+class BatchExamples(Node[Any]):
+    PARENT = "parent"
+    COUNTS = "counts"
+    DROPPED = "dropped"
+    STATE_KEYS = (PARENT, COUNTS, DROPPED)
+
+    def __init__(self, parent: Node[Example], *, batch_size: int, sources: Sequence[str],
+                 collate_fn: Optional[Callable[[List[Any]], Any]] = None, drop_last: bool = False):
+        super().__init__()
+        if batch_size < 1:
+            raise ValueError(f"{batch_size=} must be >= 1")
+        self.parent, self.batch_size, self.sources = parent, batch_size, list(sources)
+        self.collate_fn, self.drop_last = collate_fn or default_collate, drop_last
+        self._counts = dict.fromkeys(self.sources, 0)
+        self._dropped = 0
+
+    def reset(self, initial_state: Optional[Dict[str, Any]] = None) -> None:
+        self.parent.reset(None if initial_state is None else initial_state[self.PARENT])
+        if initial_state is None:
+            self._counts, self._dropped = dict.fromkeys(self.sources, 0), 0
+        else:
+            self._counts = {k: int(initial_state[self.COUNTS][k]) for k in self.sources}
+            self._dropped = int(initial_state[self.DROPPED])
+
+    def next(self) -> Any:
+        items: List[Example] = []
+        for _ in range(self.batch_size):
+            try:
+                items.append(next(self.parent))
+            except StopIteration:
+                break
+        if not items:
+            raise StopIteration
+        if self.drop_last and len(items) < self.batch_size:
+            self._dropped += len(items)
+            # Sent on as a marker so the count reaches the loader; the loader drops it.
+            return {DROP_KEY: True}
+        for it in items:
+            self._counts[it.source] += 1
+        return self.collate_fn([it.value for it in items])
+
+    def get_state(self) -> Dict[str, Any]:
+        return {self.PARENT: self.parent.state_dict(), self.COUNTS: dict(self._counts), self.DROPPED: self._dropped}
+
+    def counts(self) -> List[int]:
+        return [self._counts[s] for s in self.sources] + [self._dropped]
