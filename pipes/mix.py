@@ -98,6 +98,7 @@ class Mix(Node[TokenDoc]):
         self.passes, self.first_epoch, self.burst = passes, first_epoch, burst
         self.seed, self.shard = seed, shard
         self.clock = clock
+        self._cycling = stop == "all_exhausted" and cycle_exhausted
         self._block_id = -1
         self._block: Optional[np.ndarray] = None
         self._fresh()
@@ -164,21 +165,35 @@ class Mix(Node[TokenDoc]):
         return True
 
     def _eligible(self, i: int) -> bool:
-        return not self._exhausted[i] or (self.stop == "all_exhausted" and self.cycle_exhausted)
+        return not self._exhausted[i] or self._cycling
 
     def _choose(self) -> int:
         n = len(self.names)
-        if self.strategy in ("interleave", "random"):
+        if self.strategy == "interleave":
+            # The most under-served source since the era began: argmax(share * total - count), ties
+            # to the first; shares renormalised over the sources that can still be picked.
+            shares = self._shares()
+            counts = self._tokens if self.unit == "tokens" else self._docs
+            base = self._era_base
+            total = mass = 0.0
+            for i in range(n):
+                if shares[i] > 0 and self._eligible(i):
+                    total += counts[i] - base[i]
+                    mass += shares[i]
+            if mass == 0:
+                return -1
+            best, best_value = -1, 0.0
+            for i in range(n):
+                if shares[i] > 0 and self._eligible(i):
+                    value = shares[i] / mass * total - (counts[i] - base[i])
+                    if best < 0 or value > best_value:
+                        best, best_value = i, value
+            return best
+        if self.strategy == "random":
             shares = self._shares()
             active = [i for i in range(n) if self._eligible(i) and shares[i] > 0]
             if not active:
                 return -1
-            if self.strategy == "interleave":
-                counts = self._tokens if self.unit == "tokens" else self._docs
-                counts = [c - b for c, b in zip(counts, self._era_base)]
-                total = sum(counts[i] for i in active)
-                mass = sum(shares[i] for i in active)
-                return max(active, key=lambda i: (shares[i] / mass * total - counts[i], -i))
             if self.unit == "tokens":
                 rates = [shares[i] / ((self._tokens[i] + PRIOR_TOKENS) / (self._docs[i] + 1)) for i in active]
             else:

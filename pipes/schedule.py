@@ -92,6 +92,7 @@ class StepClock:
         self.batches = 0  # batches this worker has completed
         self.picks = 0  # picks the mixer has made: the replay horizon
         self.eras: List[Tuple[int, List[float]]] = []
+        self._due_step = -1  # the schedule lookup is cached per step: it runs once per document
 
     @property
     def step(self) -> int:
@@ -102,10 +103,13 @@ class StepClock:
         """The index of the era governing pick number ``pick``, recording a new era when a
         new pick finds the schedule's weights changed."""
         if pick >= self.picks:
-            due = max(i for i, (s, _) in enumerate(schedule) if s <= self.step)
-            shares = [schedule[due][1][n] for n in names]
-            if not self.eras or self.eras[-1][1] != shares:
-                self.eras.append((pick, shares))
+            step = self.step
+            if step != self._due_step or not self.eras:
+                self._due_step = step
+                due = max(i for i, (s, _) in enumerate(schedule) if s <= step)
+                shares = [schedule[due][1][n] for n in names]
+                if not self.eras or self.eras[-1][1] != shares:
+                    self.eras.append((pick, shares))
             self.picks = pick + 1
             return len(self.eras) - 1
         era = 0
@@ -121,6 +125,7 @@ class StepClock:
                 self.ERAS: [[first, list(shares)] for first, shares in self.eras]}
 
     def load(self, state: Optional[Dict[str, Any]]) -> None:
+        self._due_step = -1
         if state is None:
             self.batches, self.picks, self.eras = 0, 0, []
             return
