@@ -206,6 +206,7 @@ class TokenLoomLoader(StatefulDataLoader):
         self._worker_stats: Dict[str, List[int]] = {}
         self._earlier_rounds: List[int] = [0] * len(self.stats_keys)  # counters of finished rounds
         self._steps = 0  # batches handed to the training loop in this round
+        self._generation = 0  # bumped by load_state_dict: iterators from before a load refuse to continue
         if rank_sync is not None and padding_batch is None:
             raise ValueError("rank_sync= needs padding_batch= (what a rank yields after its data ran out)")
         self.rank_sync, self.padding_batch = rank_sync, padding_batch
@@ -275,6 +276,7 @@ class TokenLoomLoader(StatefulDataLoader):
             raise ValueError(f"not a tokenloom loader state (top-level keys {keys}); "
                              "pass the dict returned by loader.state_dict()")
         meta = state_dict[self.META]
+        self._generation += 1
         if meta.get(self.FORMAT) != STATE_FORMAT or meta.get(self.VERSION) != STATE_VERSION:
             raise ValueError(
                 f"loader state has format {meta.get(self.FORMAT)!r} version {meta.get(self.VERSION)!r}; this tokenloom "
@@ -303,6 +305,7 @@ class _StatsIterator:
     def __init__(self, loader: TokenLoomLoader, it: Iterator[Any]):
         self._loader, self._it = loader, it
         self._local_done = False
+        self._generation = loader._generation
 
     def __iter__(self):
         return self
@@ -317,6 +320,10 @@ class _StatsIterator:
 
     def __next__(self):
         loader = self._loader
+        if self._generation != loader._generation:
+            # StatefulDataLoader would keep yielding from where this iterator stood (often batch 0).
+            raise RuntimeError("this iterator was created before loader.load_state_dict(); call iter(loader) "
+                               "again to continue from the loaded state")
         if loader.rank_sync is None:
             return loader._see(self._next_kept())
         batch = None
