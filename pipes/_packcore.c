@@ -76,7 +76,7 @@ static int ix_gt(const Index *ix, int x) {
 }
 
 typedef struct {
-    Py_buffer b[16];
+    Py_buffer b[17];
     int nb;
 } Buffers;
 
@@ -195,11 +195,11 @@ enum { MODE_BESTFIT = 0, MODE_CROP = 1 };
  * so the caller can top up and call again: gaps are cut only from a full buffer.
  * Returns (segments, filled, freed, discarded, newly_cut, stuck). */
 static PyObject *py_build_row(PyObject *self, PyObject *args) {
-    PyObject *docs, *masks, *o[8], *row_o, *rowmask_o, *seglen_o, *segslot_o, *segoff_o, *freed_o;
-    int C, mode, forced, min_fill, pos, nseg, nfreed, ended;
-    if (!PyArg_ParseTuple(args, "O!OOOOOOOOOOOOOOOiiiiiiii", &PyList_Type, &docs, &masks, &o[0], &o[1], &o[2],
+    PyObject *docs, *masks, *o[8], *row_o, *rowmask_o, *seglen_o, *segslot_o, *segoff_o, *freed_o, *forced_o;
+    int C, mode, nforced, min_fill, pos, nseg, nfreed, ended;
+    if (!PyArg_ParseTuple(args, "O!OOOOOOOOOOOOOOOOiiiiiiii", &PyList_Type, &docs, &masks, &o[0], &o[1], &o[2],
                           &o[3], &o[4], &o[5], &o[6], &o[7], &row_o, &rowmask_o, &seglen_o, &segslot_o, &segoff_o,
-                          &freed_o, &C, &mode, &forced, &min_fill, &pos, &nseg, &nfreed, &ended))
+                          &freed_o, &forced_o, &C, &mode, &nforced, &min_fill, &pos, &nseg, &nfreed, &ended))
         return NULL;
     if (masks != Py_None && !PyList_Check(masks)) {
         PyErr_SetString(PyExc_TypeError, "_packcore.build_row: masks must be a list or None");
@@ -210,7 +210,7 @@ static PyObject *py_build_row(PyObject *self, PyObject *args) {
     ix.C = C;
     ix.nwords = (C >> 6) + 1;
     Py_ssize_t S = PyList_GET_SIZE(docs);
-    int32_t *row, *seglen, *segslot, *segoff, *freed;
+    int32_t *row, *seglen, *segslot, *segoff, *freed, *forced = NULL;
     uint8_t *rowmask = NULL;
     if (!(ix.seq = get_buf(&bs, o[0], S * 8, "seq")) || !(ix.len = get_buf(&bs, o[1], S * 4, "len")) ||
         !(ix.used = get_buf(&bs, o[2], S * 4, "used")) || !(ix.head = get_buf(&bs, o[3], (C + 1) * 4, "head")) ||
@@ -219,7 +219,8 @@ static PyObject *py_build_row(PyObject *self, PyObject *args) {
         !(row = get_buf(&bs, row_o, C * 4, "row")) || !(seglen = get_buf(&bs, seglen_o, C * 4, "seglen")) ||
         !(segslot = get_buf(&bs, segslot_o, C * 4, "segslot")) || !(segoff = get_buf(&bs, segoff_o, C * 4, "segoff")) ||
         !(freed = get_buf(&bs, freed_o, S * 4, "freed")) ||
-        (rowmask_o != Py_None && !(rowmask = get_buf(&bs, rowmask_o, C, "rowmask")))) {
+        (rowmask_o != Py_None && !(rowmask = get_buf(&bs, rowmask_o, C, "rowmask"))) ||
+        (nforced > 0 && !(forced = get_buf(&bs, forced_o, (Py_ssize_t)nforced * 4, "forced")))) {
         release_all(&bs);
         return NULL;
     }
@@ -230,9 +231,29 @@ static PyObject *py_build_row(PyObject *self, PyObject *args) {
     }
     long long discarded = 0, newly_cut = 0;
     int stuck = 0, nfreed0 = nfreed;
-    int s = forced;
-    int32_t take = s >= 0 ? next_len(&ix, s) : 0;
+    int s = -1, f = 0;
+    int32_t take = 0;
+    if (pos == 0 && nseg == 0 && mode == MODE_BESTFIT) {
+        /* Draining: a document with at least two rows' worth left gives a full row now. Its bulk
+         * never waits (and costs no padding); it stays buffered with less than 2C tokens, as
+         * material for filling gaps. Without this, overdue short documents would start every row
+         * and long documents, only nibbled, would pile up in the buffer. */
+        for (int c = ix.head[C]; c >= 0; c = ix.next[c])
+            if (ix.len[c] - ix.used[c] >= 2 * C) { s = c; take = C; break; }
+    }
     for (;;) {
+        if (s < 0 && f < nforced) {
+            /* Overdue documents, oldest first, while they fit. */
+            int c = forced[f];
+            if (ix.seq[c] >= 0 && next_len(&ix, c) <= C - pos) {
+                s = c;
+                take = next_len(&ix, c);
+                f++;
+            } else {
+                f = nforced;
+                continue;
+            }
+        }
         if (s < 0) {
             int space = C - pos;
             if (space == 0) break;
@@ -303,7 +324,7 @@ static PyMethodDef methods[] = {
      "insert_many(seq, len, used, head, tail, next, prev, bits, C, slots, seqs, lens, used0)"},
     {"build_row", py_build_row, METH_VARARGS,
      "build_row(docs, masks, seq, len, used, head, tail, next, prev, bits, row, rowmask, seglen, segslot, segoff, freed, "
-     "C, mode, forced, min_fill, pos, nseg, nfreed, ended) -> (segments, filled, freed, discarded, newly_cut, "
+     "forced, C, mode, nforced, min_fill, pos, nseg, nfreed, ended) -> (segments, filled, freed, discarded, newly_cut, "
      "stuck)"},
     {NULL, NULL, 0, NULL},
 };

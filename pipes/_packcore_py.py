@@ -70,12 +70,26 @@ def _nonempty(bits) -> int:
 
 
 def build_row(docs: List[np.ndarray], masks: Optional[list], seq, ln, used, head, tail, nxt, prv, bits, row, rowmask,
-              seglen, segslot, segoff, freed, C, mode, forced, min_fill, pos, nseg, nfreed, ended):
+              seglen, segslot, segoff, freed, forced, C, mode, nforced, min_fill, pos, nseg, nfreed, ended):
     discarded = newly_cut = 0
     stuck, nfreed0 = 0, nfreed
-    s = forced
-    take = _next_len(ln, used, s, C) if s >= 0 else 0
+    s, f, take = -1, 0, 0
+    if pos == 0 and nseg == 0 and mode == MODE_BESTFIT:
+        c = int(head[C])
+        while c >= 0:
+            if int(ln[c]) - int(used[c]) >= 2 * C:
+                s, take = c, C
+                break
+            c = int(nxt[c])
     while True:
+        if s < 0 and f < nforced:
+            c = int(forced[f])
+            if int(seq[c]) >= 0 and _next_len(ln, used, c, C) <= C - pos:
+                s, take = c, _next_len(ln, used, c, C)
+                f += 1
+            else:
+                f = nforced
+                continue
         if s < 0:
             space = C - pos
             if space == 0:

@@ -2,7 +2,9 @@
 
 Rules for one row of ``C`` tokens (the same in ``_packcore.c`` and ``_packcore_py.py``):
 
-1. if a document is overdue (``forced``), its next segment starts the row;
+0. ``bestfit``: if a document has at least ``2C`` tokens left, the oldest such gives
+   the whole row (a full chunk; the bulk of long documents never waits);
+1. overdue documents (``forced``, oldest first) start the row while they fit;
 2. repeatedly place the largest next-segment that fits the space left; ties go to
    the oldest document (lowest sequence number). A document's next segment is
    ``min(remaining, C)`` tokens, so a document longer than a row is cut into chunks
@@ -24,7 +26,7 @@ position gives the identical index, and therefore identical rows.
 
 from __future__ import annotations
 
-from typing import Callable, List, NamedTuple, Optional
+from typing import Callable, List, NamedTuple, Optional, Sequence
 
 import numpy as np
 
@@ -116,10 +118,11 @@ class Slots:
             self.free.append(s)
         self.occupied -= nfreed
 
-    def build_row(self, top_up: Callable[[], bool], forced: int = -1) -> PackedRow:
+    def build_row(self, top_up: Callable[[], bool], forced: Sequence[int] = ()) -> PackedRow:
         """Build one row. ``top_up()`` refills the buffer and returns whether upstream has
         ended; it is called before placing and again whenever nothing fits after documents
         left the buffer, so gaps are only cut, cropped or padded from a full buffer.
+        ``forced`` are overdue slots, oldest first, placed at the row start while they fit.
         Tokens past the segments are zero (the caller pads)."""
         pos = nseg = 0
         discarded = cut = 0
@@ -128,13 +131,16 @@ class Slots:
         ended = top_up()
         self._flush()
         use_mask = self.masked > 0
+        forced_arr = np.asarray(forced, dtype=np.int32)
+        nforced = len(forced_arr)
         while True:
             before = nseg
             nseg, pos, nfreed, d, c, stuck = self.core.build_row(
                 self.docs, self.masks if use_mask else None, self.seq, self.len, self.used, self.head, self.tail,
                 self.next, self.prev, self.bits, self._row, self._rowmask if use_mask else None, self._seglen,
-                self._segslot, self._segoff, self._freed, self.C, self.mode, forced, self.min_fill, pos, nseg, 0, int(ended))
-            discarded, cut, forced = discarded + d, cut + c, -1
+                self._segslot, self._segoff, self._freed, forced_arr, self.C, self.mode, nforced, self.min_fill, pos,
+                nseg, 0, int(ended))
+            discarded, cut, nforced = discarded + d, cut + c, 0
             # Capture what the freed slots held before a refill reuses them.
             sources.extend(self.source[s] for s in self._segslot[before:nseg].tolist())
             self._release(nfreed, freed_seqs)
