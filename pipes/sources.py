@@ -11,6 +11,13 @@ in the same order; the order is what the shard assignment is computed from.
 The fingerprint that guards a resume is built from each file's path relative
 to the spec it matched (so a corpus moved to another mount still matches) and
 its size in bytes (so a rewritten file does not).
+
+Remote errors are sorted into what the user must fix: a bucket that does not
+exist (`FileNotFoundError` naming the bucket; an empty listing is told apart
+from a missing bucket by one extra lookup of the bucket, only when nothing
+matched), credentials the store refuses (`PermissionError`), an endpoint that
+cannot be reached (`ConnectionError`). A password in the URI
+(``s3://KEY:SECRET@bucket/...``) is masked in every message.
 """
 
 from __future__ import annotations
@@ -51,6 +58,58 @@ class SourceFile:
     def open(self):
         """A seekable pyarrow input file."""
         return self.fs.open_input_file(self.path)
+
+
+#: pyarrow/AWS error codes that mean "these credentials are refused".
+_DENIED = ("ACCESS_DENIED", "SIGNATURE_DOES_NOT_MATCH", "INVALID_ACCESS_KEY_ID", "EXPIRED_TOKEN",
+           "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "Forbidden", "Unauthorized")
+_CREDENTIAL_HINT = ("check the credentials for this endpoint (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, "
+                    "AWS_PROFILE, or the key and secret in the URI) and that they may read the bucket")
+
+
+def _redact(text: str, spec: str) -> str:
+    """``text`` with the password of ``spec``'s ``user:password@`` part masked."""
+    if "://" not in spec:
+        return text
+    # Up to the first '@', not the first '/': a secret may hold a '/' (then the URI does not parse,
+    # and pyarrow's message repeats it).
+    head = spec.split("://", 1)[1].split("?", 1)[0]
+    userinfo = head.split("@", 1)[0] if "@" in head else ""
+    if ":" not in userinfo:
+        return text
+    secret = userinfo.split(":", 1)[1]
+    return text.replace(secret, "***") if secret else text
+
+
+def _bucket(path: str) -> str:
+    return path.split("/", 1)[0]
+
+
+def _remote_error(spec: str, path: str, e: OSError) -> OSError:
+    """The error to raise for a failed remote lookup of ``spec``, by what the user must fix."""
+    msg = _redact(str(e), spec)
+    shown = _redact(repr(spec), spec)
+    if any(code in msg for code in _DENIED):
+        return PermissionError(f"cannot read source {shown}: the store refused the credentials ({msg}); "
+                               f"{_CREDENTIAL_HINT}")
+    if "NO_SUCH_BUCKET" in msg or "NoSuchBucket" in msg:
+        return FileNotFoundError(f"source {shown}: bucket {_bucket(path)!r} does not exist ({msg})")
+    if "NETWORK_CONNECTION" in msg or "Could not connect" in msg or "Couldn't resolve host" in msg:
+        return ConnectionError(f"cannot reach the storage endpoint of source {shown}: {msg}; check the "
+                               "endpoint (endpoint_override=, scheme=) and the network")
+    return FileNotFoundError(f"cannot list source {shown}: {msg}")
+
+
+def _missing_bucket(fs: pafs.FileSystem, spec: str, path: str) -> None:
+    """For a remote spec that matched nothing: raise if its bucket does not exist."""
+    bucket = _bucket(path)
+    try:
+        info = fs.get_file_info(bucket)
+    except OSError as e:
+        raise _remote_error(spec, path, e) from e
+    if info.type == pafs.FileType.NotFound:
+        raise FileNotFoundError(f"source {_redact(repr(spec), spec)}: bucket {bucket!r} does not exist; "
+                                "check the bucket name, the endpoint and the region")
 
 
 def _is_glob(path: str) -> bool:
@@ -95,7 +154,8 @@ def _resolve_one(spec: str, fmt: str) -> List[SourceFile]:
     try:
         fs, path, prefix = _split_uri(spec)
     except Exception as e:  # pyarrow raises ArrowInvalid / OSError for bad URIs
-        raise FileNotFoundError(f"cannot open source {spec!r}: {e}") from e
+        raise FileNotFoundError(f"cannot open source {_redact(repr(spec), spec)}: {_redact(str(e), spec)}") from None
+    remote = fs.type_name != "local"  # s3, gcs, hdfs ...: paths start with a bucket
     try:
         if _is_glob(path):
             base = _glob_root(path)
@@ -115,15 +175,21 @@ def _resolve_one(spec: str, fmt: str) -> List[SourceFile]:
                     and not os.path.basename(i.path).startswith((".", "_"))
                 ]
             else:
-                raise FileNotFoundError(f"source {spec!r} does not exist (looked for {path!r})")
+                if remote:
+                    _missing_bucket(fs, spec, path)
+                raise FileNotFoundError(f"source {_redact(repr(spec), spec)} does not exist (looked for {path!r})")
     except FileNotFoundError:
         raise
     except OSError as e:
-        raise FileNotFoundError(f"cannot list source {spec!r}: {e}") from e
+        if not remote:
+            raise FileNotFoundError(f"cannot list source {spec!r}: {e}") from e
+        raise _remote_error(spec, path, e) from e
     if not files:
+        if remote:
+            _missing_bucket(fs, spec, path)
         what = "glob" if _is_glob(path) else "directory"
         raise FileNotFoundError(
-            f"source {spec!r} matched no {fmt} files ({what} {path!r}); "
+            f"source {_redact(repr(spec), spec)} matched no {fmt} files ({what} {path!r}); "
             f"check the path, or the file endings {FORMAT_SUFFIXES[fmt]}"
         )
     base = base.rstrip("/")
