@@ -1,0 +1,75 @@
+"""One rank of the two-rank job that tests/test_torchrun.py launches with torchrun.
+
+usage: dist_job.py run|resume GLOB TOKENIZER OUT_DIR CKPT_DIR SAVE_STEP NUM_WORKERS
+
+run:    one finite epoch (epochs=1). After SAVE_STEP batches, save a small model and
+        this rank's loader state with torch.distributed.checkpoint (the loader state as
+        a JSON tensor under a per-rank key), and the same state with plain torch.save.
+        Every batch goes to OUT_DIR/run_rank<r>.pt.
+resume: a fresh loader and a freshly initialised model, restored from CKPT_DIR with
+        DCP; the rest of the epoch goes to OUT_DIR/resume_rank<r>.pt.
+Each rank prints one JSON line with what the test checks besides the batches.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+
+from tokenloom.pipes.checkpoint import DCPLoaderState
+from tokenloom.pipes.rank_sync import TorchDistSync
+from tokenloom.recipes import pretrain
+
+
+def build(glob, tokenizer, num_workers):
+    # rank and world_size come from torch.distributed, and so does the rank sync (epochs=1).
+    return pretrain(glob, tokenizer=tokenizer, seq_len=127, batch_size=4, buffer_size=32, epochs=1,
+                    num_workers=num_workers, seed=5)
+
+
+def main():
+    mode, glob, tokenizer, out_dir, ckpt_dir, save_step, num_workers = sys.argv[1:]
+    save_step, num_workers = int(save_step), int(num_workers)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    loader = build(glob, tokenizer, num_workers)
+    info = {"rank": rank, "world_size": loader.config["world_size"], "loader_rank": loader.config["rank"],
+            "sync": type(loader.rank_sync).__name__}
+    assert isinstance(loader.rank_sync, TorchDistSync), info
+
+    if mode == "run":
+        torch.manual_seed(100)  # replicated weights, as under DDP: DCP writes one copy of "model.*"
+        model = torch.nn.Linear(8, 4)
+        batches = []
+        for batch in loader:
+            batches.append(batch)
+            if len(batches) == save_step:
+                dcp.save({"model": model.state_dict(), "dataloader": DCPLoaderState(loader)}, checkpoint_id=ckpt_dir)
+                torch.save(loader.state_dict(), os.path.join(out_dir, f"plain_rank{rank}.pt"))
+                torch.save(model.state_dict(), os.path.join(out_dir, f"model_rank{rank}.pt"))
+                with torch.no_grad():  # the training goes on: the live weights move away from the saved ones
+                    model.weight.add_(1.0)
+        torch.save(batches, os.path.join(out_dir, f"run_rank{rank}.pt"))
+        info["padding_batches"] = loader.stats()["rank_padding_batches"]
+    else:
+        model = torch.nn.Linear(8, 4)
+        torch.nn.init.zeros_(model.weight)
+        state = {"model": model.state_dict(), "dataloader": DCPLoaderState(loader, checkpoint_id=ckpt_dir)}
+        dcp.load(state, checkpoint_id=ckpt_dir)
+        model.load_state_dict(state["model"])
+        batches = list(loader)
+        torch.save(batches, os.path.join(out_dir, f"resume_rank{rank}.pt"))
+        torch.save(model.state_dict(), os.path.join(out_dir, f"model_resumed_rank{rank}.pt"))
+    info["batches"] = len(batches)
+    dist.barrier()
+    dist.destroy_process_group()
+    print(json.dumps(info), flush=True)
+
+
+if __name__ == "__main__":
+    main()
