@@ -1,0 +1,150 @@
+"""DevicePrefetcher: its state is the last batch handed to the loop, not the last one fetched.
+
+On CPU the prefetcher runs the same queue as on a GPU (``depth`` batches fetched
+ahead) without the copies, so resume exactness is checked here on every machine;
+the CUDA copy path is checked where a GPU exists.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tokenloom.pipes.prefetch import DevicePrefetcher
+from tokenloom.recipes import pretrain
+
+from .resume import check_loader_resume, items_equal
+
+
+def loader_builder(corpus, tok_path, **kw):
+    glob, _ = corpus
+    args = dict(seq_len=63, batch_size=2, buffer_size=40, seed=7)
+    args.update(kw)
+    return lambda: pretrain(glob, tokenizer=tok_path, **args)
+
+
+def prefetched(make_loader, depth=2, device="cpu"):
+    return lambda: DevicePrefetcher(make_loader(), device=device, depth=depth)
+
+
+def take(it, n):
+    return [next(it) for _ in range(n)]
+
+
+@pytest.mark.parametrize("num_workers,depth", [(0, 2), (0, 3), (2, 2), (2, 3)])
+def test_resume_is_exact_after_each_handed_batch(corpus, tok_path, num_workers, depth):
+    make = loader_builder(corpus, tok_path, num_workers=num_workers)
+    # The prefetched stream is the loader's stream.
+    ref = take(iter(make()), 16)
+    got = take(iter(prefetched(make, depth)()), 16)
+    assert all(items_equal(a, b) for a, b in zip(ref, got))
+    check_loader_resume(prefetched(make, depth), steps=[0, 1, 4, 11], total=16, reference=ref)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_the_loader_itself_runs_ahead(corpus, tok_path, num_workers):
+    """The loader's own state is `depth` batches ahead: resuming from it would skip them.
+    (This is what the prefetcher's state exists to avoid; if the queue did not run
+    ahead, the test above could not fail.)"""
+    make = loader_builder(corpus, tok_path, num_workers=num_workers)
+    ref = take(iter(make()), 12)
+    pf = prefetched(make, depth=3)()
+    it = iter(pf)
+    take(it, 4)
+    ahead = make()
+    ahead.load_state_dict(pf.loader.state_dict())
+    assert items_equal(take(iter(ahead), 1)[0], ref[4 + 3])
+    exact = make()
+    exact.load_state_dict(pf.state_dict())
+    assert items_equal(take(iter(exact), 1)[0], ref[4])
+
+
+def test_stats_describe_the_handed_batches(corpus, tok_path):
+    make = loader_builder(corpus, tok_path)
+    bare = make()
+    bit = iter(bare)
+    pf = prefetched(make, depth=3)()
+    pit = iter(pf)
+    for _ in range(5):
+        next(bit), next(pit)
+        assert pf.stats() == bare.stats()
+    assert pf.stats()["rows"] == 5 * 2
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_finite_epoch_end_and_next_round(corpus, tok_path, num_workers):
+    """epochs=1: saves near the end, at the last batch, and after the loop finished
+    resume like the bare loader (the last one into the next round)."""
+    make = loader_builder(corpus, tok_path, num_workers=num_workers, epochs=1, seq_len=255, batch_size=8)
+    bare = make()
+    round1, round2 = list(bare), list(bare)
+    n = len(round1)
+    assert n > 10 and not items_equal(round1[0], round2[0])
+    check_loader_resume(prefetched(make, 2), steps=[n // 2, n - 1, n], reference=round1)
+
+    pf = prefetched(make, 2)()
+    assert all(items_equal(a, b) for a, b in zip(list(pf), round1))
+    state = pf.state_dict()
+    second = list(pf)
+    assert len(second) == len(round2) and all(items_equal(a, b) for a, b in zip(second, round2))
+    resumed = prefetched(make, 2)()
+    resumed.load_state_dict(state)
+    again = list(resumed)
+    assert len(again) == len(round2) and all(items_equal(a, b) for a, b in zip(again, round2))
+
+
+def test_break_after_the_end_was_fetched_restarts_the_round(corpus, tok_path):
+    """The bare loader restarts the current round after a break; so does the prefetcher,
+    even when its queue had already fetched the round's end."""
+    make = loader_builder(corpus, tok_path, epochs=1, batch_size=8)
+    round1 = list(make())
+    n = len(round1)
+    bare = make()
+    take(iter(bare), n - 1)
+    bare_restart = take(iter(bare), 2)
+    assert all(items_equal(a, b) for a, b in zip(bare_restart, round1))
+
+    pf = prefetched(make, depth=3)()
+    take(iter(pf), n - 1)  # the loader has reached its end; the loop has not
+    restart = take(iter(pf), 2)
+    assert all(items_equal(a, b) for a, b in zip(restart, round1))
+
+
+def test_load_state_dict_drops_the_queue(corpus, tok_path):
+    make = loader_builder(corpus, tok_path)
+    ref = take(iter(make()), 10)
+    pf = prefetched(make, depth=3)()
+    it = iter(pf)
+    take(it, 6)
+    state = pf.state_dict()
+    take(it, 2)
+    pf.load_state_dict(state)
+    assert pf.state_dict() is state
+    with pytest.raises(RuntimeError, match="stale"):
+        next(it)
+    assert all(items_equal(a, b) for a, b in zip(take(iter(pf), 4), ref[6:10]))
+
+
+def test_depth_must_be_positive(corpus, tok_path):
+    with pytest.raises(ValueError, match="depth=0"):
+        DevicePrefetcher(loader_builder(corpus, tok_path)(), device="cpu", depth=0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the CUDA copy path needs a GPU")
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_cuda_batches_land_on_the_device_and_equal_the_cpu_ones(corpus, tok_path, num_workers):
+    make = loader_builder(corpus, tok_path, num_workers=num_workers, pin_memory=True)
+    ref = take(iter(make()), 10)
+    pf = DevicePrefetcher(make(), device="cuda", depth=2)
+    it = iter(pf)
+    got = []
+    for _ in range(6):
+        batch = next(it)
+        assert all(t.is_cuda for t in batch.values())
+        # Work on the current stream must see the finished copy.
+        got.append({k: (v * 1).cpu() for k, v in batch.items()})
+    assert all(items_equal(a, b) for a, b in zip(ref, got))
+    resumed = DevicePrefetcher(make(), device="cuda", depth=2)
+    resumed.load_state_dict(pf.state_dict())
+    rest = [{k: v.cpu() for k, v in b.items()} for b in take(iter(resumed), 4)]
+    assert all(items_equal(a, b) for a, b in zip(ref[6:10], rest))
