@@ -1,0 +1,283 @@
+"""Does the training loop wait for data? The share of step time spent blocked in ``next()``.
+
+A simulated training step consumes batches from ``pretrain(...)`` (bestfit,
+seq_len 2048, batch 8, the embedded stdlib corpus and the shipped tokenizer).
+Every run builds a fresh loader, takes 10 warm-up batches as fast as they come,
+then times 80 batches: the same stretch of the stream every time (the corpus
+alternates long source files and short docstrings, so the loader's rate varies
+several-fold along the stream, and a data time measured on other batches would
+not apply). The first run has no step: the loader alone, its data time per
+batch ``t_data``. Then steps of 0.5, 0.8, 1.0, 1.1, 1.5 and 2 x ``t_data``, and
+for each the share of the loop's wall time spent blocked in ``next()``. Every
+point is run twice, interleaved, and the better kept (other jobs on a shared
+machine only ever add waiting):
+
+- ``sleep`` steps leave the host idle, like a GPU step whose kernels are queued;
+- ``matmul`` steps keep one core busy (single-threaded CPU matmuls), like a
+  host-heavy step; on a 2-core machine they compete with the loader workers.
+
+Also (2 workers, sleep steps) through `tokenloom.pipes.prefetch.DevicePrefetcher`
+(on a machine without CUDA a pass-through: this measures its bookkeeping, not a
+copy); with the batches crossing the process boundary as numpy arrays (a
+sketch of the fix proposed from benchmarks/throughput.py: one pickled message
+instead of one shared-memory file descriptor per tensor); and, with
+``--prefetch-factor 8``, with deeper worker queues (default 2 batches per worker).
+
+Target (issue 6): no waiting once a step takes 1.1 x the data time; "no waiting"
+here means a wait share under 1%.
+
+    python benchmarks/stall.py            # ~3 minutes on 2 cores
+    python benchmarks/stall.py --quick    # ~1 minute: 60 batches a run, 2 workers, sleep steps
+Prints JSON; writes benchmarks/stall.json, benchmarks/stall.png and the
+``## stall`` section of benchmarks/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import sys
+import time
+
+import numpy as np
+import torch
+from torch.utils.data import IterableDataset
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from tokenloom.pipes.prefetch import DevicePrefetcher
+from tokenloom.recipes import pretrain
+from tokenloom.sample_data import build_demo_corpus, default_tokenizer_path
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+FACTORS = (0.5, 0.8, 1.0, 1.1, 1.5, 2.0)
+NO_WAIT = 0.01  # a wait share under this counts as "no waiting"
+
+
+def corpus_files() -> list:
+    corpus = build_demo_corpus(os.path.join(ROOT, "out", "bench", "corpus"))
+    return corpus["code"] + corpus["prose"]
+
+
+class Step:
+    """A step of a chosen duration: ``sleep`` (host idle) or ``matmul`` (one core busy)."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+        if kind == "matmul":
+            torch.set_num_threads(1)
+            self.a = torch.randn(192, 192)
+            for _ in range(20):
+                self.a @ self.a
+            t0 = time.perf_counter()
+            for _ in range(200):
+                self.a @ self.a
+            self.t_mm = (time.perf_counter() - t0) / 200
+
+    def __call__(self, seconds: float) -> None:
+        if self.kind == "sleep":
+            time.sleep(seconds)
+            return
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:  # the step's duration, whatever the load
+            self.a @ self.a
+
+
+class NumpyTransfer(IterableDataset):
+    """A sketch of the transfer fix (see the throughput benchmark): workers send the batch's arrays as
+    numpy (pickled through the pipe, ~0.7 ms for a 512 KB batch) instead of tensors (one shared-memory
+    file descriptor per tensor, ~2 ms); the main process wraps them with ``torch.from_numpy`` (no copy)."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __iter__(self):
+        for batch in self.dataset:
+            yield {k: v.numpy() if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+
+def _identity(x):
+    return x
+
+
+def _as_tensors(loader):
+    for batch in loader:
+        yield {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in batch.items()}
+
+
+def run(files, args, cfg: dict, seconds: float) -> dict:
+    """A fresh loader from the start of the stream: ``warmup`` batches as fast as they come
+    (startup, queues full), then ``batches`` batches with a step of ``seconds`` after each."""
+    loader = pretrain(files, tokenizer=default_tokenizer_path(), seq_len=args.seq_len, batch_size=args.batch_size,
+                      num_workers=cfg["workers"], seed=0, **cfg["loader_kwargs"])
+    if cfg["transfer"] == "numpy":
+        source = _as_tensors(StatefulDataLoader(NumpyTransfer(loader.dataset), batch_size=None,
+                                                num_workers=cfg["workers"], collate_fn=_identity))
+    else:
+        source = DevicePrefetcher(loader, depth=2) if cfg["prefetcher"] else loader
+    it = iter(source)
+    step = Step(cfg["step"])
+    for _ in range(args.warmup):
+        next(it)
+    waited = 0.0
+    t_start = time.perf_counter()
+    for _ in range(args.batches):
+        t0 = time.perf_counter()
+        next(it)
+        waited += time.perf_counter() - t0
+        if seconds:
+            step(seconds)
+    total = time.perf_counter() - t_start
+    del it, source, loader
+    return {"wait_share": waited / total, "wait_ms_per_step": 1e3 * waited / args.batches,
+            "loop_ms_per_step": 1e3 * total / args.batches}
+
+
+def measure(files, args, cfg: dict) -> dict:
+    """Data time and wait shares over the same stretch of the stream; each run ``args.repeats``
+    times, interleaved, keeping the best (other jobs on the machine only ever add waiting)."""
+    alone = [run(files, args, cfg, 0.0) for _ in range(args.repeats)]
+    t_data = min(r["loop_ms_per_step"] for r in alone) / 1e3
+    tries: dict = {f: [] for f in FACTORS}
+    for _ in range(args.repeats):
+        for f in FACTORS:
+            tries[f].append(run(files, args, cfg, f * t_data))
+    rows = []
+    for f in FACTORS:
+        best = dict(min(tries[f], key=lambda r: r["wait_share"]), factor=f)
+        best["all_wait_shares"] = [r["wait_share"] for r in tries[f]]
+        rows.append(best)
+    target = [r for r in rows if r["factor"] >= 1.1]
+    return {**cfg, "data_ms_per_batch": 1e3 * t_data, "tokens_per_batch": args.seq_len * args.batch_size,
+            "factors": rows, "no_wait_from_1_1x": all(r["wait_share"] < NO_WAIT for r in target)}
+
+
+def _label(r: dict) -> str:
+    parts = ([r["step"] + " step"] + (["DevicePrefetcher"] if r["prefetcher"] else []) +
+             [f"{k}={v}" for k, v in r["loader_kwargs"].items()] +
+             (["numpy transfer (sketch of the fix)"] if r["transfer"] == "numpy" else []))
+    return ", ".join(parts)
+
+
+def plot(results: list, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for r in results:
+        xs = [x["factor"] for x in r["factors"]]
+        ys = [100 * x["wait_share"] for x in r["factors"]]
+        label = f"{r['workers']} worker{'s' if r['workers'] != 1 else ''}, {_label(r)}"
+        ax.plot(xs, ys, marker="o", label=label)
+    ax.axvline(1.1, color="grey", ls="--", lw=1)
+    ax.axhline(100 * NO_WAIT, color="grey", ls=":", lw=1)
+    ax.text(1.12, ax.get_ylim()[1] * 0.9, "target: no wait from 1.1x", fontsize=8, color="grey")
+    ax.set_xlabel("step time / loader's data time per batch")
+    ax.set_ylabel("share of step time waiting for data (%)")
+    ax.set_title("pretrain (bestfit, T=2048, B=8), stdlib corpus")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def write_section(path: str, name: str, body: str) -> None:
+    """Add or replace the ``## name`` section of RESULTS.md, leaving the others as they are."""
+    text = open(path, encoding="utf-8").read() if os.path.exists(path) else "# Benchmark results\n"
+    section = f"## {name}\n\n{body.strip()}\n"
+    pattern = re.compile(rf"^## {re.escape(name)}\n.*?(?=^## |\Z)", re.S | re.M)
+    if pattern.search(text):
+        text = pattern.sub(lambda _: section + "\n", text, count=1).rstrip() + "\n"
+    else:
+        text = text.rstrip() + "\n\n" + section
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+
+
+def results_markdown(out: dict, command: str) -> str:
+    lines = [
+        "Share of the training loop's time blocked in `next()`, for a simulated step of 0.5-2x the loader's own "
+        "data time per batch (`pretrain`, bestfit, T=2048, B=8, stdlib corpus). `sleep` steps leave the host idle "
+        "(a GPU step); `matmul` steps keep one core busy. Target: no waiting (< 1%) from 1.1x. Best of "
+        f"{out['config']['repeats']} interleaved runs per point. "
+        f"Machine: {out['machine']['cpus']} CPUs, load average {out['machine']['loadavg_start']} at start.",
+        "",
+        f"Command: `{command}`",
+        "",
+        "| workers | run | data ms/batch | " + " | ".join(f"{f}x" for f in FACTORS) +
+        " | wait ms/step at 2x | target met |",
+        "|---|---|---|" + "---|" * len(FACTORS) + "---|---|",
+    ]
+    for r in out["runs"]:
+        shares = " | ".join(f"{100 * x['wait_share']:.1f}%" for x in r["factors"])
+        lines.append(f"| {r['workers']} | {_label(r)} | {r['data_ms_per_batch']:.1f} | {shares} | "
+                     f"{r['factors'][-1]['wait_ms_per_step']:.1f} | {'yes' if r['no_wait_from_1_1x'] else '**no**'} |")
+    lines += ["", "`wait ms/step at 2x`: time spent in `next()` per step when the loader is far ahead of the loop; "
+              "with workers it is what receiving one batch from a worker process costs the training loop (compare "
+              "the per-batch transfer table in the throughput section).", "", "![stall](stall.png)"]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="fewer batches; 2 workers, sleep steps, with and without "
+                    "the prefetcher only")
+    ap.add_argument("--workers", type=int, nargs="+", default=None)
+    ap.add_argument("--steps", nargs="+", default=["sleep", "matmul"], choices=["sleep", "matmul"])
+    ap.add_argument("--no-prefetch", dest="prefetch", action="store_false",
+                    help="do not add the DevicePrefetcher run")
+    ap.add_argument("--no-numpy-transfer", dest="numpy_transfer", action="store_false",
+                    help="do not add the run sketching the numpy transfer fix")
+    ap.add_argument("--repeats", type=int, default=None, help="runs per point, interleaved; the best is kept")
+    ap.add_argument("--prefetch-factor", type=int, nargs="*", default=[],
+                    help="extra runs with these StatefulDataLoader prefetch_factor values (default loader: 2)")
+    ap.add_argument("--seq-len", type=int, default=2048)
+    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--no-write", dest="write", action="store_false", help="print JSON only")
+    args = ap.parse_args(argv)
+    args.workers = args.workers or ([2] if args.quick else [2, 1])
+    if args.quick:
+        args.steps = ["sleep"]
+    args.warmup, args.batches = (10, 60) if args.quick else (10, 80)
+    args.repeats = args.repeats or (1 if args.quick else 2)
+
+    files = corpus_files()
+    out = {"benchmark": "stall", "quick": args.quick,
+           "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
+                       "cuda": torch.cuda.is_available(), "loadavg_start": [round(x, 2) for x in os.getloadavg()]},
+           "config": {"seq_len": args.seq_len, "batch_size": args.batch_size, "factors": FACTORS,
+                      "warmup_batches": args.warmup, "batches_per_run": args.batches, "repeats": args.repeats},
+           "runs": []}
+    def cfg(workers, step, prefetcher=False, transfer="tensors", **loader_kwargs):
+        return {"workers": workers, "step": step, "prefetcher": prefetcher, "transfer": transfer,
+                "loader_kwargs": loader_kwargs}
+
+    first = args.workers[0]
+    plan = [cfg(w, k) for w in args.workers for k in args.steps if not (w == 1 and k == "matmul")]
+    if args.prefetch:
+        plan.append(cfg(first, "sleep", prefetcher=True))
+    if args.numpy_transfer and first > 0:
+        plan.append(cfg(first, "sleep", transfer="numpy"))
+    plan += [cfg(first, "sleep", prefetch_factor=pf) for pf in args.prefetch_factor]
+    for c in plan:
+        r = measure(files, args, c)
+        out["runs"].append(r)
+        print(f"# {c['workers']} workers, {_label(r)}: data {r['data_ms_per_batch']:.1f} ms/batch; wait " +
+              ", ".join(f"{x['factor']}x {100 * x['wait_share']:.1f}%" for x in r["factors"]), file=sys.stderr)
+    out["machine"]["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+    print(json.dumps(out, indent=2))
+    if args.write:
+        with open(os.path.join(HERE, "stall.json"), "w") as f:
+            json.dump(out, f, indent=2)
+        plot(out["runs"], os.path.join(HERE, "stall.png"))
+        command = "python benchmarks/stall.py" + (" --quick" if args.quick else "")
+        write_section(os.path.join(HERE, "RESULTS.md"), "stall", results_markdown(out, command))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,759 @@
+"""Loader throughput against the tokenizer's own, the cost of checkpoints, state size, resume latency, memory.
+
+Everything runs in one invocation, each measurement in a fresh Python process
+(no run inherits another's threads, memory or tokenizer state: a Hugging Face
+tokenizer used before a fork runs single-threaded in the child), and the
+throughput runs are interleaved over ``--repeats`` rounds, the best of each
+kept (other processes on the machine only ever slow a run down). Corpus: the
+embedded stdlib corpus (`tokenloom.sample_data`: 8,896 documents, 4.17 M tokens
+with the shipped tokenizer). Loaders are endless streams timed over a window of
+250 batches of 8 x 2049 tokens (~1 epoch's worth) after 10 warm-up batches, so
+worker start-up and the ragged end of a finite epoch are left out; the rate is
+document tokens tokenized per second (``stats()["tokens_in"]``, the work the
+ceiling does) and the tokens placed in rows per second (``tokens_out``), which
+is lower while the best-fit buffer fills up.
+
+- ``ceiling``: the corpus's texts already in memory, through the tokenizer
+  alone (``encode_batch_fast``, 1,024 documents per call), on all cores, nothing
+  else; the better of its own threads (Rayon) and one single-threaded process
+  per core.
+- ``pretrain``: ``pretrain(...)`` (bestfit, T=2048, B=8, buffer 1000), 0/1/2
+  workers, and 2 workers with ``TOKENIZERS_PARALLELISM=false``.
+- ``naive``: a plain ``torch.utils.data.DataLoader`` over a generator that reads
+  the files, tokenizes (batched, per row group) and concatenates into (B, T+1)
+  blocks; 0/2 workers.
+- checkpointability: the same `NodeDataset` (``loader.dataset`` of a pretrain
+  loader) under ``StatefulDataLoader`` with a snapshot every step vs a plain
+  ``DataLoader``, 2 workers: wall time and CPU time (main + workers); plus the
+  snapshot work itself, measured in one process.
+- the loader state per worker (``torch.save`` bytes), resume latency (build +
+  ``load_state_dict`` + first batch) vs a cold start (build + first batch), and
+  worker memory (RSS from /proc) over 10,000 batches. For the RSS run the batches
+  are small (T=1023, B=2: 2,048 tokens, so 10,000 batches are ~5 epochs of the
+  corpus) to fit in the time budget.
+- diagnostics: the cost of moving one batch from a worker to the main process
+  (the batch dict as tensors, which travel through shared memory with one file
+  descriptor per tensor, vs the same arrays as numpy, pickled through the pipe),
+  and tiny batches (T=63, B=2) with 0 and 2 workers, snapshots every step or
+  never, tokenizer threads on or off.
+
+Targets (issue 6): pretrain >= 0.9x the ceiling with as many workers as cores;
+checkpoint cost <= 3%; state <= 16 KB per worker at buffer 1000; resume <= 1.5x
+a cold start; flat worker memory (here: <= 5% growth from 20% of the run to the end).
+
+    python benchmarks/throughput.py              # ~4 minutes on 2 cores
+    python benchmarks/throughput.py --quick      # ~2 minutes: 1 round, 120-batch windows, 2,000 RSS batches
+    python benchmarks/throughput.py --profile    # also: pyinstrument over 150 batches with 0 workers
+Prints JSON; writes benchmarks/throughput.json, benchmarks/throughput.png and
+the ``## throughput`` section of benchmarks/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+from typing import Any, Dict, List
+
+HERE = os.path.abspath(os.path.dirname(__file__))
+ROOT = os.path.dirname(HERE)
+SEQ_LEN, BATCH, BUFFER = 2048, 8, 1000
+RSS_SEQ_LEN, RSS_BATCH = 1023, 2  # 2,048 tokens a batch: 10,000 batches are ~5 epochs of the corpus
+TARGETS = {"pretrain_vs_ceiling": 0.9, "checkpoint_cost": 0.03, "state_bytes_per_worker": 16 * 1024,
+           "resume_vs_cold": 1.5, "rss_growth": 0.05}
+
+
+# --- helpers shared by the child tasks ------------------------------------------------
+
+def corpus_files() -> List[str]:
+    from tokenloom.sample_data import build_demo_corpus
+
+    corpus = build_demo_corpus(os.path.join(ROOT, "out", "bench", "corpus"))
+    return corpus["code"] + corpus["prose"]
+
+
+def tok_path() -> str:
+    from tokenloom.sample_data import default_tokenizer_path
+
+    return default_tokenizer_path()
+
+
+def texts_of(files: List[str]) -> List[str]:
+    import pyarrow.parquet as pq
+
+    return [t for f in files for t in pq.read_table(f, columns=["text"]).column("text").to_pylist() if t is not None]
+
+
+def build(files, **kw):
+    from tokenloom.recipes import pretrain
+
+    args = dict(tokenizer=tok_path(), seq_len=SEQ_LEN, batch_size=BATCH, packing="bestfit", buffer_size=BUFFER,
+                seed=0)
+    args.update(kw)
+    return pretrain(files, **args)
+
+
+def _identity(x):
+    return x
+
+
+def children_rss_kb() -> Dict[int, int]:
+    """VmRSS (kB) of this process's child processes, from /proc."""
+    me, out = os.getpid(), {}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            if ppid != me:
+                continue
+            with open(f"/proc/{pid}/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        out[int(pid)] = int(line.split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
+def self_rss_kb() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def torch_bytes(obj) -> int:
+    import torch
+
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.tell()
+
+
+# --- child tasks: each returns a JSON-able dict ---------------------------------------
+
+def task_ceiling(mode: str) -> dict:
+    texts = texts_of(corpus_files())
+    ncpu = os.cpu_count() or 1
+    cpu0 = _cpu_seconds()
+    if mode == "threads":
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_file(tok_path())
+        t0 = time.perf_counter()
+        n = sum(len(e.ids) for i in range(0, len(texts), 1024)
+                for e in tok.encode_batch_fast(texts[i:i + 1024], add_special_tokens=False))
+        dt = time.perf_counter() - t0
+    else:  # one single-threaded tokenizer per core, forked after the texts are in memory
+        import multiprocessing as mp
+
+        t0 = time.perf_counter()
+        with mp.get_context("fork").Pool(ncpu) as pool:
+            n = sum(pool.map(_encode_share, [(i, ncpu, texts) for i in range(ncpu)], chunksize=1))
+        dt = time.perf_counter() - t0
+    return {"seconds": dt, "tokens": n + len(texts), "documents": len(texts),  # + one BOS per document
+            "cpu_s": _cpu_seconds() - cpu0}
+
+
+def _encode_share(args) -> int:
+    i, k, texts = args
+    os.environ["RAYON_NUM_THREADS"] = "1"  # read when the pool starts, at the first encode
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(tok_path())
+    mine = texts[i::k]
+    return sum(len(e.ids) for j in range(0, len(mine), 1024)
+               for e in tok.encode_batch_fast(mine[j:j + 1024], add_special_tokens=False))
+
+
+def _cpu_seconds() -> float:
+    """CPU time of this process and of its children that have exited (loader workers, once shut down)."""
+    import resource
+
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def _time_window(loader, warmup: int, n: int, tokens=None, tokenized=None) -> dict:
+    """``warmup`` batches (startup, queues filled), then the time of the next ``n``; the workers are shut
+    down before the CPU time is read, so it counts theirs too."""
+    import gc
+
+    cpu0 = _cpu_seconds()
+    t_start = time.perf_counter()
+    it = iter(loader)
+    for _ in range(warmup):
+        next(it)
+    startup = time.perf_counter() - t_start
+    tok0 = tokens() if tokens else 0
+    in0 = tokenized() if tokenized else 0
+    t0 = time.perf_counter()
+    for _ in range(n):
+        next(it)
+    dt = time.perf_counter() - t0
+    tok = tokens() - tok0 if tokens else 0
+    tok_in = tokenized() - in0 if tokenized else tok
+    shutdown = getattr(it, "_shutdown_workers", None)  # join the workers now, so their CPU time is counted
+    if shutdown is not None:
+        shutdown()
+    del it
+    gc.collect()
+    return {"seconds": dt, "tokens": tok, "tokens_tokenized": tok_in, "batches": n, "warmup_s": startup,
+            "cpu_s": _cpu_seconds() - cpu0}
+
+
+def task_pretrain(workers: int, warmup: int, n: int) -> dict:
+    loader = build(corpus_files(), num_workers=workers)
+    stats = loader.stats
+    return _time_window(loader, warmup, n, tokens=lambda: stats()["tokens_out"], tokenized=lambda: stats()["tokens_in"])
+
+
+def task_naive(workers: int, warmup: int, n: int) -> dict:
+    import torch
+    from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+    files = corpus_files()
+    bos = 0  # the shipped tokenizer's <|bos|>
+
+    class Naive(IterableDataset):
+        def __iter__(self):
+            import pyarrow.parquet as pq
+            from tokenizers import Tokenizer
+
+            info = get_worker_info()
+            wid, nw = (0, 1) if info is None else (info.id, info.num_workers)
+            tok = Tokenizer.from_file(tok_path())
+            buf: List[int] = []
+            size = BATCH * (SEQ_LEN + 1)
+            while True:  # endless, like pretrain(epochs=None)
+                for path in files[wid::nw]:
+                    pf = pq.ParquetFile(path)
+                    for g in range(pf.num_row_groups):
+                        texts = pf.read_row_group(g, columns=["text"]).column("text").to_pylist()
+                        for enc in tok.encode_batch_fast(texts, add_special_tokens=False):
+                            buf.append(bos)
+                            buf.extend(enc.ids)
+                        while len(buf) >= size:
+                            x = torch.tensor(buf[:size], dtype=torch.int64).view(BATCH, SEQ_LEN + 1)
+                            del buf[:size]
+                            yield {"input_ids": x[:, :-1], "labels": x[:, 1:]}
+
+    loader = DataLoader(Naive(), batch_size=None, num_workers=workers, collate_fn=_identity)
+    r = _time_window(loader, warmup, n)
+    r["tokens"] = r["tokens_tokenized"] = n * BATCH * (SEQ_LEN + 1)
+    return r
+
+
+def task_checkpoint(kind: str, warmup: int, n: int, workers: int = 2) -> dict:
+    from torch.utils.data import DataLoader
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    pre = build(corpus_files(), num_workers=workers)
+    dataset = pre.dataset
+    if kind == "plain":
+        loader = DataLoader(dataset, batch_size=None, num_workers=workers, collate_fn=_identity)
+    else:
+        loader = StatefulDataLoader(dataset, batch_size=None, num_workers=workers, collate_fn=_identity,
+                                    snapshot_every_n_steps=1)
+    r = _time_window(loader, warmup, n)
+    r["tokens"] = 0  # the same batches in both runs: compare their seconds
+    return r
+
+
+def task_snapshot_work() -> dict:
+    """In one process: what a worker does per snapshot (the node state, pickled) vs a batch."""
+    import pickle
+
+    loader = build(corpus_files(), num_workers=0)
+    it = iter(loader)
+    for _ in range(20):
+        next(it)
+    n, t_batch, t_state, size = 60, 0.0, 0.0, 0
+    for _ in range(n):
+        t0 = time.perf_counter()
+        next(it)
+        t1 = time.perf_counter()
+        size = len(pickle.dumps(loader.dataset.state_dict(), pickle.HIGHEST_PROTOCOL))
+        t_state += time.perf_counter() - t1
+        t_batch += t1 - t0
+    return {"batch_ms": 1e3 * t_batch / n, "state_ms": 1e3 * t_state / n, "state_pickle_bytes": size}
+
+
+def task_state(workers: int) -> dict:
+    loader = build(corpus_files(), num_workers=workers)
+    it = iter(loader)
+    for _ in range(100):
+        next(it)
+    state = loader.state_dict()
+    per_worker = []
+
+    def walk(x):
+        if isinstance(x, dict):
+            for k, v in x.items():
+                if isinstance(k, str) and re.fullmatch(r"worker_\d+", k):
+                    per_worker.append(torch_bytes(v))
+                else:
+                    walk(v)
+
+    walk(state)
+    total = torch_bytes(state)
+    return {"workers": workers, "total_bytes": total,
+            "per_worker_bytes": per_worker or [total // max(workers, 1)]}
+
+
+def task_resume(workers: int, repeats: int) -> dict:
+    import torch
+
+    files = corpus_files()
+    loader = build(files, num_workers=workers)
+    it = iter(loader)
+    for _ in range(100):
+        next(it)
+    blob = io.BytesIO()
+    state = loader.state_dict()
+    torch.save(state, blob)
+    window = _replay_window(state)
+    del it, loader
+    cold, resume = [], []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fresh = build(files, num_workers=workers)
+        next(iter(fresh))
+        cold.append(time.perf_counter() - t0)
+        del fresh
+        blob.seek(0)
+        t0 = time.perf_counter()
+        resumed = build(files, num_workers=workers)
+        resumed.load_state_dict(torch.load(blob, weights_only=True))
+        next(iter(resumed))
+        resume.append(time.perf_counter() - t0)
+        del resumed
+    return {"workers": workers, "saved_at_batch": 100, "cold_s": cold, "resume_s": resume,
+            "replay_window_documents": window}
+
+
+def _replay_window(state) -> List[int]:
+    """Documents a restore re-reads and re-tokenizes, per packer state found in ``state``
+    (``pulled - base`` of the best-fit packer's position; empty if the layout differs)."""
+    found = []
+
+    def walk(x):
+        if isinstance(x, dict):
+            if "pulled" in x and "base" in x and isinstance(x["pulled"], int):
+                found.append(x["pulled"] - x["base"])
+            for v in x.values():
+                walk(v)
+
+    walk(state)
+    return found
+
+
+def task_rss(batches: int) -> dict:
+    loader = build(corpus_files(), num_workers=2, seq_len=RSS_SEQ_LEN, batch_size=RSS_BATCH)
+    it = iter(loader)
+    samples = []
+    every = max(batches // 40, 1)
+    t0 = time.perf_counter()
+    for i in range(1, batches + 1):
+        next(it)
+        if i % every == 0 or i == 1:
+            kids = children_rss_kb()
+            samples.append({"batch": i, "workers_kb": sorted(kids.values()), "main_kb": self_rss_kb()})
+    return {"batches": batches, "seconds": time.perf_counter() - t0, "tokens_per_batch": RSS_BATCH * (RSS_SEQ_LEN + 1),
+            "samples": samples}
+
+
+def task_ipc(batch_size: int, seq_len: int) -> dict:
+    """Per-batch cost of shipping one real batch from 2 workers: tensors vs numpy arrays."""
+    import numpy as np
+    import torch
+    from torch.utils.data import DataLoader, IterableDataset
+
+    batch = next(iter(build(corpus_files(), num_workers=0, batch_size=batch_size, seq_len=seq_len)))
+    arrays = {k: v.numpy() for k, v in batch.items()}
+
+    class Copies(IterableDataset):
+        def __init__(self, as_numpy):
+            self.as_numpy = as_numpy
+
+        def __iter__(self):
+            while True:
+                fresh = {k: v.copy() for k, v in arrays.items()}
+                yield fresh if self.as_numpy else {k: torch.from_numpy(v) for k, v in fresh.items()}
+
+    out = {"batch_size": batch_size, "seq_len": seq_len, "arrays": len(arrays),
+           "bytes": int(sum(a.nbytes for a in arrays.values()))}
+    n = 300
+    for name, as_numpy in (("tensors", False), ("numpy", True)):
+        it = iter(DataLoader(Copies(as_numpy), batch_size=None, num_workers=2, collate_fn=_identity))
+        for _ in range(20):
+            next(it)
+        t0 = time.perf_counter()
+        for _ in range(n):
+            b = next(it)
+            if as_numpy:
+                b = {k: torch.from_numpy(np.asarray(v)) for k, v in b.items()}
+        out[f"{name}_ms_per_batch"] = 1e3 * (time.perf_counter() - t0) / n
+        del it
+    return out
+
+
+def task_tiny(workers: int, snapshot: int) -> dict:
+    kw = {"snapshot_every_n_steps": snapshot} if workers else {}
+    loader = build(corpus_files(), num_workers=workers, seq_len=63, batch_size=2, **kw)
+    it = iter(loader)
+    for _ in range(50):
+        next(it)
+    n = 800
+    t0 = time.perf_counter()
+    for _ in range(n):
+        next(it)
+    return {"ms_per_batch": 1e3 * (time.perf_counter() - t0) / n}
+
+
+TASKS = {"ceiling": task_ceiling, "pretrain": task_pretrain, "naive": task_naive, "checkpoint": task_checkpoint,
+         "snapshot_work": task_snapshot_work, "state": task_state, "resume": task_resume, "rss": task_rss,
+         "ipc": task_ipc, "tiny": task_tiny}
+
+
+def spawn(task: str, env: Dict[str, str] = None, **params) -> dict:
+    """Run one task in a fresh interpreter; its last stdout line is the JSON result."""
+    full_env = dict(os.environ, **(env or {}))
+    cmd = [sys.executable, os.path.abspath(__file__), "--task", task, "--params", json.dumps(params)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=full_env, timeout=900)
+    if proc.returncode != 0:
+        raise RuntimeError(f"task {task} {params} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    print(f"# {task} {params} {env or ''}: {json.dumps(result)[:160]}", file=sys.stderr)
+    return result
+
+
+# --- the run ----------------------------------------------------------------------------
+
+def run_all(args) -> dict:
+    corpus_files()  # build once, before the timed children
+    window = dict(warmup=10, n=args.window)
+    throughput_plan = {
+        "ceiling_threads": ("ceiling", {}, dict(mode="threads")),
+        "ceiling_procs": ("ceiling", {}, dict(mode="procs")),
+        "pretrain_0": ("pretrain", {}, dict(workers=0, **window)),
+        "pretrain_1": ("pretrain", {}, dict(workers=1, **window)),
+        "pretrain_2": ("pretrain", {}, dict(workers=2, **window)),
+        "pretrain_2_no_tok_threads": ("pretrain", {"TOKENIZERS_PARALLELISM": "false"}, dict(workers=2, **window)),
+        "naive_0": ("naive", {}, dict(workers=0, **window)),
+        "naive_2": ("naive", {}, dict(workers=2, **window)),
+        "plain_dataloader_2": ("checkpoint", {}, dict(kind="plain", **window)),
+        "stateful_every_step_2": ("checkpoint", {}, dict(kind="stateful", **window)),
+    }
+    runs: Dict[str, List[dict]] = {k: [] for k in throughput_plan}
+    for _ in range(args.repeats):
+        for name, (task, env, params) in throughput_plan.items():
+            runs[name].append(spawn(task, env, **params))
+    best = {k: min(v, key=lambda r: r["seconds"]) for k, v in runs.items()}
+
+    ceiling = {k: best[k]["tokens"] / best[k]["seconds"] for k in ("ceiling_threads", "ceiling_procs")}
+    ceiling_rate = max(ceiling.values())
+    out: Dict[str, Any] = {"ceiling": {"tokens": best["ceiling_threads"]["tokens"], "tokens_per_s": ceiling_rate,
+                                       "threads_tokens_per_s": ceiling["ceiling_threads"],
+                                       "one_process_per_core_tokens_per_s": ceiling["ceiling_procs"]}}
+    loaders = [k for k in runs if not k.startswith("ceiling") and best[k]["tokens"]]
+    # Tokenized tokens/s is the rate of the work the ceiling does; tokens placed in rows/s is what the loop got
+    # in the window. They differ while the packer's buffer fills (best-fit keeps long documents: from ~0.4 M
+    # tokens after the first row to ~3-4 M on this corpus, about one epoch later); in a long run they are equal.
+    rates = {k: best[k]["tokens_tokenized"] / best[k]["seconds"] for k in loaders}
+    out_rates = {k: best[k]["tokens"] / best[k]["seconds"] for k in loaders}
+    out["tokens_per_s"] = rates
+    out["vs_ceiling"] = {k: v / ceiling_rate for k, v in rates.items()}
+    out["rows_tokens_per_s"] = out_rates
+    out["rows_vs_ceiling"] = {k: v / ceiling_rate for k, v in out_rates.items()}
+    # Less sensitive to other jobs on the machine: tokens per CPU-second (all processes), relative to the ceiling's.
+    ceiling_per_cpu = max(r["tokens"] / r["cpu_s"] for k in ("ceiling_threads", "ceiling_procs") for r in runs[k])
+    out["cpu_efficiency_vs_ceiling"] = {k: max(r["tokens_tokenized"] / r["cpu_s"] for r in runs[k]) / ceiling_per_cpu
+                                        for k in loaders}
+    out["ceiling"]["tokens_per_cpu_s"] = ceiling_per_cpu
+    out["seconds"] = {k: best[k]["seconds"] for k in runs}
+    out["all_runs"] = runs
+    plain, stateful = runs["plain_dataloader_2"], runs["stateful_every_step_2"]
+    out["checkpoint"] = {
+        "wall_cost": best["stateful_every_step_2"]["seconds"] / best["plain_dataloader_2"]["seconds"] - 1,
+        "cpu_cost": min(r["cpu_s"] for r in stateful) / min(r["cpu_s"] for r in plain) - 1,
+        "plain_s": best["plain_dataloader_2"]["seconds"], "stateful_s": best["stateful_every_step_2"]["seconds"],
+    }
+    out["checkpoint_cost"] = out["checkpoint"]["wall_cost"]
+    out["snapshot_work"] = spawn("snapshot_work")
+
+    states = [spawn("state", workers=w) for w in (0, 2)]
+    out["state"] = {f"workers_{s['workers']}": s for s in states}
+    out["state_bytes_per_worker_max"] = max(max(s["per_worker_bytes"]) for s in states)
+
+    out["resume"] = {}
+    for w in (0, 2):
+        r = spawn("resume", workers=w, repeats=args.resume_repeats)
+        cold, res = sorted(r["cold_s"])[len(r["cold_s"]) // 2], sorted(r["resume_s"])[len(r["resume_s"]) // 2]
+        out["resume"][f"workers_{w}"] = {**r, "cold_median_s": cold, "resume_median_s": res, "ratio": res / cold}
+
+    rss = spawn("rss", batches=args.rss_batches)
+    s = rss["samples"]
+    ref = s[len(s) // 5]  # after warm-up (buffers full, first epoch under way)
+    w_ref, w_end = sum(ref["workers_kb"]), sum(s[-1]["workers_kb"])
+    out["rss"] = {**rss, "workers_kb_at_20pct": w_ref, "workers_kb_at_end": w_end,
+                  "workers_growth": w_end / w_ref - 1, "workers_peak_kb": max(sum(x["workers_kb"]) for x in s)}
+
+    out["ipc"] = [spawn("ipc", batch_size=b, seq_len=t) for b, t in ((BATCH, SEQ_LEN), (2, 63))]
+    out["tiny"] = {
+        "workers_0": spawn("tiny", workers=0, snapshot=1),
+        "workers_2_snapshot_every_step": spawn("tiny", workers=2, snapshot=1),
+        "workers_2_snapshot_never": spawn("tiny", workers=2, snapshot=10 ** 9),
+        "workers_2_no_tok_threads": spawn("tiny", {"TOKENIZERS_PARALLELISM": "false"}, workers=2,
+                                          snapshot=1),
+    }
+    ncpu = os.cpu_count() or 1
+    cores_key = f"pretrain_{min(ncpu, 2)}"
+    out["targets"] = {
+        "pretrain_vs_ceiling": {"value": out["vs_ceiling"][cores_key], "target": f">= {TARGETS['pretrain_vs_ceiling']}",
+                                "met": out["vs_ceiling"][cores_key] >= TARGETS["pretrain_vs_ceiling"],
+                                "config": cores_key},
+        "checkpoint_cost": {"value": out["checkpoint_cost"], "target": f"<= {TARGETS['checkpoint_cost']}",
+                            "met": out["checkpoint_cost"] <= TARGETS["checkpoint_cost"]},
+        "state_bytes_per_worker": {"value": out["state_bytes_per_worker_max"],
+                                   "target": f"<= {TARGETS['state_bytes_per_worker']}",
+                                   "met": out["state_bytes_per_worker_max"] <= TARGETS["state_bytes_per_worker"]},
+        "resume_vs_cold": {"value": out["resume"]["workers_2"]["ratio"], "target": f"<= {TARGETS['resume_vs_cold']}",
+                           "met": out["resume"]["workers_2"]["ratio"] <= TARGETS["resume_vs_cold"]},
+        "worker_rss_growth": {"value": out["rss"]["workers_growth"], "target": f"<= {TARGETS['rss_growth']}",
+                              "met": out["rss"]["workers_growth"] <= TARGETS["rss_growth"]},
+    }
+    return out
+
+
+def profile(path: str) -> dict:
+    """pyinstrument over 150 batches with 0 workers (the whole graph in this process); the text report goes to ``path``."""
+    from pyinstrument import Profiler
+
+    loader = build(corpus_files(), num_workers=0)
+    it = iter(loader)
+    n = 150
+    prof = Profiler(interval=0.001)
+    prof.start()
+    for _ in range(n):
+        next(it)
+    prof.stop()
+    text = prof.output_text(unicode=False, color=False, show_all=False)
+    with open(path, "w") as f:
+        f.write(text)
+    return {"batches": n, "report": os.path.relpath(path, ROOT)}
+
+
+# --- output -----------------------------------------------------------------------------
+
+def plot(out: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
+    ax = axes[0][0]
+    names = list(out["vs_ceiling"])[::-1]
+    ys = range(len(names))
+    ax.barh([y + 0.2 for y in ys], [out["vs_ceiling"][k] for k in names], 0.4, color="C0", label="tokenized")
+    ax.barh([y - 0.2 for y in ys], [out["rows_vs_ceiling"][k] for k in names], 0.4, color="C9", label="into rows")
+    ax.set_yticks(list(ys), names)
+    ax.axvline(TARGETS["pretrain_vs_ceiling"], color="C3", ls="--", lw=1, label="target 0.9x")
+    ax.axvline(1.0, color="grey", lw=0.8)
+    ax.set_xlabel("throughput / tokenizer ceiling (same documents)")
+    ax.set_title(f"ceiling: {out['ceiling']['tokens_per_s'] / 1e6:.2f} M tokens/s on {out['machine']['cpus']} cores")
+    ax.legend(fontsize=8)
+    ax.tick_params(axis="y", labelsize=8)
+
+    ax = axes[0][1]
+    s = out["rss"]["samples"]
+    xs = [x["batch"] for x in s]
+    nworkers = max(len(x["workers_kb"]) for x in s)
+    for w in range(nworkers):
+        ax.plot(xs, [x["workers_kb"][w] / 1024 if w < len(x["workers_kb"]) else float("nan") for x in s],
+                label=f"worker {w}")
+    ax.plot(xs, [x["main_kb"] / 1024 for x in s], label="main process", color="grey")
+    ax.set_xlabel(f"batch (T={RSS_SEQ_LEN}, B={RSS_BATCH})")
+    ax.set_ylabel("RSS (MB)")
+    ax.set_ylim(bottom=0)
+    ax.set_title(f"memory over {out['rss']['batches']:,} batches, 2 workers")
+    ax.legend(fontsize=8)
+
+    ax = axes[1][0]
+    labels, cold, res = [], [], []
+    for k, r in out["resume"].items():
+        labels.append(k.replace("_", " "))
+        cold.append(r["cold_median_s"])
+        res.append(r["resume_median_s"])
+    x = range(len(labels))
+    ax.bar([i - 0.2 for i in x], cold, 0.4, label="cold start (build + first batch)")
+    ax.bar([i + 0.2 for i in x], res, 0.4, label="resume (build + load + first batch)")
+    ax.set_xticks(list(x), labels)
+    ax.set_ylabel("seconds")
+    ax.set_title("resume latency (target <= 1.5x cold)")
+    ax.legend(fontsize=8)
+
+    ax = axes[1][1]
+    tiny = out["tiny"]
+    ax.barh([k.replace("_", " ") for k in tiny][::-1], [tiny[k]["ms_per_batch"] for k in tiny][::-1], color="C1")
+    for ipc in out["ipc"]:
+        if ipc["seq_len"] == 63:
+            ax.axvline(ipc["tensors_ms_per_batch"], color="C3", ls="--", lw=1,
+                       label=f"transfer alone, tensors: {ipc['tensors_ms_per_batch']:.2f} ms")
+            ax.axvline(ipc["numpy_ms_per_batch"], color="C2", ls="--", lw=1,
+                       label=f"transfer alone, numpy: {ipc['numpy_ms_per_batch']:.2f} ms")
+    ax.set_xlabel("ms per batch (T=63, B=2)")
+    ax.set_title("tiny batches: per-batch overheads")
+    ax.legend(fontsize=8)
+    ax.tick_params(axis="y", labelsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def write_section(path: str, name: str, body: str) -> None:
+    """Add or replace the ``## name`` section of RESULTS.md, leaving the others as they are."""
+    text = open(path, encoding="utf-8").read() if os.path.exists(path) else "# Benchmark results\n"
+    section = f"## {name}\n\n{body.strip()}\n"
+    pattern = re.compile(rf"^## {re.escape(name)}\n.*?(?=^## |\Z)", re.S | re.M)
+    if pattern.search(text):
+        text = pattern.sub(lambda _: section + "\n", text, count=1).rstrip() + "\n"
+    else:
+        text = text.rstrip() + "\n\n" + section
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+
+
+def results_markdown(out: dict, command: str) -> str:
+    t = out["targets"]
+    c = out["ceiling"]
+    m = out["machine"]
+    ok = lambda x: "yes" if x["met"] else "**no**"  # noqa: E731
+    r2 = out["resume"]["workers_2"]
+    lines = [
+        f"One run, {m['cpus']} CPUs (load average {m['loadavg_start']} at start, {m['loadavg_end']} at end; other "
+        f"jobs shared the machine), {out['config']['repeats']} interleaved rounds, best of each. Corpus: the embedded "
+        f"stdlib corpus ({out['ceiling']['tokens']:,} tokens). Loaders are timed over {out['config']['window']} "
+        f"batches (~{out['config']['window'] * BATCH * (SEQ_LEN + 1) / out['ceiling']['tokens']:.1f} epochs' worth) "
+        f"after 10 warm-up batches, endless stream; pretrain = bestfit, T={SEQ_LEN}, B={BATCH}, buffer {BUFFER}.",
+        "",
+        f"Command: `{command}`",
+        "",
+        "| figure | value | target | met |",
+        "|---|---|---|---|",
+        f"| pretrain, {t['pretrain_vs_ceiling']['config'].split('_')[1]} workers (= cores), tokens tokenized per "
+        f"second / tokenizer ceiling (into rows: {out['rows_vs_ceiling'][t['pretrain_vs_ceiling']['config']]:.2f}x) | "
+        f"{t['pretrain_vs_ceiling']['value']:.2f}x | >= 0.9x | {ok(t['pretrain_vs_ceiling'])} |",
+        f"| checkpoint cost: StatefulDataLoader, snapshot every step, vs plain DataLoader (2 workers) | "
+        f"{100 * t['checkpoint_cost']['value']:+.1f}% | <= 3% | {ok(t['checkpoint_cost'])} |",
+        f"| loader state per worker (torch.save, buffer {BUFFER}) | "
+        f"{t['state_bytes_per_worker']['value'] / 1024:.1f} KB | <= 16 KB | {ok(t['state_bytes_per_worker'])} |",
+        f"| resume (build + load + first batch) / cold start (build + first batch), 2 workers, saved at batch "
+        f"{r2['saved_at_batch']} | {r2['ratio']:.2f}x ({r2['resume_median_s']:.2f} s / {r2['cold_median_s']:.2f} s; "
+        f"replay windows {r2['replay_window_documents']} documents) | <= 1.5x | {ok(t['resume_vs_cold'])} |",
+        f"| worker RSS growth over {out['rss']['batches']:,} batches (T={RSS_SEQ_LEN}, B={RSS_BATCH}), from 20% to the end | "
+        f"{100 * out['rss']['workers_growth']:+.1f}% ({out['rss']['workers_kb_at_20pct'] / 1024:.0f} -> "
+        f"{out['rss']['workers_kb_at_end'] / 1024:.0f} MB, 2 workers) | flat (<= 5%) | {ok(t['worker_rss_growth'])} |",
+        "",
+        f"Throughput as a ratio to the tokenizer ceiling ({c['tokens_per_s'] / 1e6:.2f} M tokens/s; its own threads "
+        f"{c['threads_tokens_per_s'] / 1e6:.2f} M, one single-threaded process per core "
+        f"{c['one_process_per_core_tokens_per_s'] / 1e6:.2f} M). *Tokenized*: document tokens read and tokenized per "
+        "second (the ceiling's work; the long-run output rate). *Into rows*: tokens placed in batches per second in "
+        "the window; lower for pretrain while the best-fit buffer fills up with long documents (from ~0.4 M tokens "
+        "after the first row to ~3-4 M, about an epoch later). "
+        "*Per CPU-second*: tokens tokenized per CPU-second of all the run's processes, relative to the ceiling's "
+        f"({c['tokens_per_cpu_s'] / 1e6:.2f} M tokens per CPU-second): the work per token, much less sensitive to "
+        "other jobs on the machine than wall-clock rates.",
+        "",
+        "| run | M tokens/s tokenized | / ceiling | M tokens/s into rows | / ceiling | per CPU-second / ceiling's |",
+        "|---|---|---|---|---|---|",
+    ]
+    for k, v in out["vs_ceiling"].items():
+        lines.append(f"| {k} | {out['tokens_per_s'][k] / 1e6:.2f} | {v:.2f}x | {out['rows_tokens_per_s'][k] / 1e6:.2f} | "
+                     f"{out['rows_vs_ceiling'][k]:.2f}x | {out['cpu_efficiency_vs_ceiling'][k]:.2f} |")
+    ck = out["checkpoint"]
+    lines += ["", f"Checkpointability, the same NodeDataset, 2 workers, {out['config']['window']} batches: plain "
+              f"DataLoader {ck['plain_s']:.2f} s, StatefulDataLoader with a snapshot every step {ck['stateful_s']:.2f} s "
+              f"({100 * ck['wall_cost']:+.1f}% wall; {100 * ck['cpu_cost']:+.1f}% CPU time of main + workers)."]
+    sw = out["snapshot_work"]
+    lines += [
+        "",
+        f"Snapshot work per step, measured in one process: the node state built and pickled in "
+        f"{sw['state_ms']:.3f} ms ({sw['state_pickle_bytes'] / 1024:.1f} KB) vs {sw['batch_ms']:.1f} ms for the batch "
+        f"({100 * sw['state_ms'] / sw['batch_ms']:.2f}%).",
+        "",
+        "Per-batch transfer from 2 workers (a worker only copies a ready batch; the main process receives it):",
+        "",
+        "| batch | bytes | dict of tensors (shared memory, one fd per tensor) | same arrays as numpy (pickled) |",
+        "|---|---|---|---|",
+    ]
+    for ipc in out["ipc"]:
+        lines.append(f"| B={ipc['batch_size']}, T={ipc['seq_len']}, {ipc['arrays']} arrays | {ipc['bytes']:,} | "
+                     f"{ipc['tensors_ms_per_batch']:.2f} ms | {ipc['numpy_ms_per_batch']:.2f} ms |")
+    lines += ["", "Resume latency (median of 3):", "",
+              "| workers | cold start s | resume s | ratio | replay window (documents) |", "|---|---|---|---|---|"]
+    for k, r in out["resume"].items():
+        lines.append(f"| {r['workers']} | {r['cold_median_s']:.2f} | {r['resume_median_s']:.2f} | {r['ratio']:.2f}x | "
+                     f"{r['replay_window_documents']} |")
+    lines += ["", "Tiny batches (T=63, B=2), ms per batch:", "", "| run | ms/batch |", "|---|---|"]
+    for k, v in out["tiny"].items():
+        lines.append(f"| {k} | {v['ms_per_batch']:.2f} |")
+    if "profile" in out:
+        lines += ["", f"Profile (pyinstrument, {out['profile']['batches']} batches, 0 workers): "
+                  f"`{out['profile']['report']}`."]
+    lines += ["", "![throughput](throughput.png)"]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--repeats", type=int, default=None, help="interleaved rounds of the throughput runs")
+    ap.add_argument("--profile", action="store_true", help="also profile one 0-worker epoch with pyinstrument")
+    ap.add_argument("--no-write", dest="write", action="store_false", help="print JSON only")
+    ap.add_argument("--task", help=argparse.SUPPRESS)
+    ap.add_argument("--params", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.task:
+        print(json.dumps(TASKS[args.task](**json.loads(args.params))))
+        return 0
+    args.repeats = args.repeats or (1 if args.quick else 2)
+    args.rss_batches = 2000 if args.quick else 10000
+    args.window = 120 if args.quick else 250
+    args.resume_repeats = 3
+
+    import torch
+
+    t0 = time.perf_counter()
+    out = {"benchmark": "throughput", "quick": args.quick,
+           "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
+                       "loadavg_start": [round(x, 2) for x in os.getloadavg()]},
+           "config": {"seq_len": SEQ_LEN, "batch_size": BATCH, "buffer_size": BUFFER, "repeats": args.repeats,
+                      "window": args.window, "rss_batches": args.rss_batches}}
+    out.update(run_all(args))
+    if args.profile:
+        out["profile"] = profile(os.path.join(HERE, "throughput_profile.txt"))
+    out["machine"]["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+    out["wall_seconds"] = time.perf_counter() - t0
+    print(json.dumps(out, indent=2))
+    if args.write:
+        with open(os.path.join(HERE, "throughput.json"), "w") as f:
+            json.dump(out, f, indent=2)
+        plot(out, os.path.join(HERE, "throughput.png"))
+        command = "python benchmarks/throughput.py" + (" --quick" if args.quick else "") + \
+            (" --profile" if args.profile else "")
+        write_section(os.path.join(HERE, "RESULTS.md"), "throughput", results_markdown(out, command))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
