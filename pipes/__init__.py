@@ -12,7 +12,7 @@ from .pack_flat import FlatPack
 from .parquet import ReadParquet, UnitTable, list_parquet_units
 from .readers import SourcePlan, plan_source
 from .schedule import StepClock
-from .shard import ShardUnits, WorkSlice, plan_epoch
+from .shard import EpochPlan, ShardUnits, WorkSlice, plan_epoch, plan_shards
 from .sources import SourceFile, fingerprint_files, resolve_files
 from .stats import WithStats, format_stats
 from .text_files import LineUnitTable, ReadText, list_text_units
@@ -20,9 +20,9 @@ from .tokenize import Tokenize
 from .tokenizer import Encoder, load_encoder
 
 __all__ = [
-    "Batch", "BestFitPack", "Doc", "Encoder", "FlatPack", "FromList", "LineUnitTable", "Mix", "Node",
+    "Batch", "BestFitPack", "Doc", "Encoder", "EpochPlan", "FlatPack", "FromList", "LineUnitTable", "Mix", "Node",
     "NodeDataset", "ReadJsonl", "ReadParquet", "ReadText", "Row", "ShardContext", "ShardUnits", "SourceFile",
     "SourcePlan", "StateError", "StepClock", "TokenDoc", "Tokenize", "TokenLoomLoader", "UnitTable", "WithStats",
     "WorkSlice", "collate_rows", "fingerprint_files", "format_stats", "list_jsonl_units", "list_parquet_units",
-    "list_text_units", "load_encoder", "plan_epoch", "plan_source", "resolve_files",
+    "list_text_units", "load_encoder", "plan_epoch", "plan_shards", "plan_source", "resolve_files",
 ]
