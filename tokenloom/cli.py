@@ -1,113 +1,74 @@
-"""The ``tokenloom`` command.
+"""The ``tokenloom`` command: parser and dispatch.
 
-``tokenloom demo`` runs the main job on an embedded default: the Python
-standard library's own sources and docstrings (on every machine, nothing
-downloaded) and the small BPE tokenizer shipped in the package. It packs
-batches, checkpoints half way, resumes in a fresh loader and checks that the
-resumed batches are bitwise identical to the uninterrupted run, then prints a
-summary.
+Subcommands live in their own modules and add themselves with
+``register(subparsers, common)``: ``demo`` (the main job on an embedded corpus),
+``run`` (a recipe on your data), ``inspect`` (the first batch, decoded for a
+person), ``state`` (a saved loader state, for a person). Each sets
+``args.run(args) -> exit code``.
 
-Errors are one line on stderr (exit code 2) unless ``--debug`` is given.
+Errors are one line on stderr with exit code 2 (a bad flag, a missing file, a
+value a recipe refuses), because a person at a terminal wants the cause, not a
+traceback; ``--debug`` lets the exception propagate. Errors raised in a loader
+worker arrive with the worker's traceback inside the message; the line keeps
+the worker and the error itself.
 """
 
 from __future__ import annotations
 
 import argparse
-import io
-import os
 import sys
-import time
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
-import torch
+from . import demo_cmd, inspect_cmd, run_cmd, state_cmd
 
-
-def _progress(i: int, n: int, t0: float, tokens: int) -> None:
-    width = 30
-    done = int(width * i / n)
-    rate = tokens / max(time.perf_counter() - t0, 1e-9)
-    sys.stderr.write(f"\r  [{'#' * done}{'.' * (width - done)}] {i}/{n} batches  {rate / 1e3:8.1f}k tok/s")
-    sys.stderr.flush()
-    if i == n:
-        sys.stderr.write("\n")
+EXIT_ERROR = 2
 
 
-def _take(it, n: int, t0: float, counted: List[int], show: bool):
-    out = []
-    for i in range(n):
-        b = next(it)
-        out.append(b)
-        counted[0] += int((b["labels"] != -100).sum())
-        if show and (i % 5 == 4 or i == n - 1):
-            _progress(i + 1, n, t0, counted[0])
-    return out
+class UsageError(Exception):
+    """A command line argparse refused; carries the one line to print."""
 
 
-def demo(args: argparse.Namespace) -> int:
-    from tokenloom.recipes import pretrain
-    from tokenloom.sample_data import build_demo_corpus, default_tokenizer_path
+class Parser(argparse.ArgumentParser):
+    """argparse, but a refused command line raises `UsageError` instead of printing
+    the usage block and exiting, so `main` prints one line and returns 2."""
 
-    out = args.out
-    os.makedirs(out, exist_ok=True)
-    print(f"tokenloom demo: building the embedded corpus (Python standard library) in {out}/corpus ...")
-    corpus = build_demo_corpus(os.path.join(out, "corpus"))
-    files = corpus["code"] + corpus["prose"]
-
-    def build():
-        return pretrain(files, tokenizer=default_tokenizer_path(), seq_len=args.seq_len, batch_size=args.batch_size,
-                        num_workers=args.workers, seed=0, packing="bestfit", buffer_size=1000)
-
-    n, half = args.steps, args.steps // 2
-    print(f"pretrain: {len(files)} parquet files, seq_len={args.seq_len}, batch_size={args.batch_size}, "
-          f"workers={args.workers}, packing=bestfit")
-    loader = build()
-    it = iter(loader)
-    counted = [0]
-    t0 = time.perf_counter()
-    first = _take(it, half, t0, counted, False)
-    state = loader.state_dict()
-    rest = _take(it, n - half, t0, counted, False)
-    elapsed = time.perf_counter() - t0
-    _progress(n, n, t0 - 0, counted[0])
-    stats = loader.stats()
-    del it, loader
-
-    buf = io.BytesIO()
-    torch.save(state, buf)
-    state_bytes = buf.tell()
-    buf.seek(0)
-    resumed = build()
-    resumed.load_state_dict(torch.load(buf, weights_only=True))
-    t1 = time.perf_counter()
-    again = _take(iter(resumed), n - half, time.perf_counter(), [0], False)
-    resume_s = time.perf_counter() - t1
-    exact = all(all(torch.equal(a[k], b[k]) for k in a) for a, b in zip(rest, again))
-
-    tokens = counted[0]
-    pad = stats["padding"] / max(stats["tokens_out"] + stats["padding"], 1)
-    print("summary")
-    print(f"  batches           {n} ({len(first)} before the checkpoint, {len(rest)} after)")
-    print(f"  throughput        {tokens / elapsed / 1e3:.1f}k target tokens/s ({elapsed:.1f}s)")
-    print(f"  packing           {stats['documents']} documents, {stats['chunked']} cut into chunks, "
-          f"padding {100 * pad:.3f}%, discarded {stats['discarded']}")
-    print(f"  loader state      {state_bytes / 1024:.1f} KiB (torch.save), plain data")
-    print(f"  resume            {'EXACT: the resumed batches are bitwise identical' if exact else 'MISMATCH'} "
-          f"({resume_s:.1f}s for {n - half} batches)")
-    return 0 if exact else 1
+    def error(self, message: str):  # type: ignore[override]
+        raise UsageError(f"{self.prog}: error: {message} (see {self.prog} --help)")
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="tokenloom", description=__doc__.split("\n\n")[0])
+def one_line(e: BaseException) -> str:
+    """The message of ``e`` on one line."""
+    text = str(e).strip() or type(e).__name__
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if "Original Traceback" in text and len(lines) > 1:
+        # torch's worker wrapper: "Caught X in DataLoader worker process N.", the traceback, then "X: message".
+        return f"{lines[-1]} ({lines[0].removeprefix('Caught ').rstrip('.')})"
+    if not isinstance(e, (ValueError, OSError, RuntimeError, TypeError)):
+        lines[0] = f"{type(e).__name__}: {lines[0]}"
+    return lines[0] + (" " + "; ".join(lines[1:]) if len(lines) > 1 else "")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = Parser(prog="tokenloom", description=__doc__.split("\n\n")[0].rstrip("."))
     parser.add_argument("--debug", action="store_true", help="show full tracebacks")
-    sub = parser.add_subparsers(dest="command", required=True)
-    d = sub.add_parser("demo", help="run pretrain on the embedded stdlib corpus, checkpoint, resume, summarize")
-    d.add_argument("--steps", type=int, default=200)
-    d.add_argument("--seq-len", type=int, default=1024)
-    d.add_argument("--batch-size", type=int, default=8)
-    d.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
-    d.add_argument("--out", default="out/demo")
-    d.set_defaults(run=demo)
-    args = parser.parse_args(argv)
+    # Also accepted after the subcommand (tokenloom run ... --debug), where people type it.
+    common = Parser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show full tracebacks")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for module in (demo_cmd, run_cmd, inspect_cmd, state_cmd):
+        module.register(sub, common)
+    try:
+        from tokenloom.index_cmd import register as _register_index
+    except ImportError:  # pragma: no cover - added by the manifest work
+        _register_index = None
+    if _register_index is not None:
+        _register_index(sub)
+
+    try:
+        args = parser.parse_args(None if argv is None else list(argv))
+    except UsageError as e:
+        print(e, file=sys.stderr)
+        return EXIT_ERROR
     try:
         return args.run(args)
     except KeyboardInterrupt:
@@ -115,8 +76,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     except Exception as e:  # one clear line for people, full traceback with --debug
         if args.debug:
             raise
-        print(f"tokenloom: error: {e}", file=sys.stderr)
-        return 2
+        print(f"tokenloom: error: {one_line(e)}", file=sys.stderr)
+        return EXIT_ERROR
 
 
 if __name__ == "__main__":

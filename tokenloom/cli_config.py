@@ -1,0 +1,288 @@
+"""Loader settings from command-line flags and a TOML file, shared by ``run`` and ``inspect``.
+
+``inspect`` must show the very batches ``run`` trains on, so both read one table
+of settings (`SETTINGS`) and build the loader in one place (`build_loader`).
+Precedence: the recipe's own defaults < the TOML file (``--config``) < flags.
+Settings not given are not passed, so the recipe's own defaults apply and the
+command line never disagrees with the Python API; values are validated by the
+recipe, which names the bad value and the fix.
+
+Sources are ``name=path`` (several names mix; the same name twice adds files to
+that source) or plain paths (one source). In the TOML file, relative paths are
+relative to the file, so a config can sit next to its data::
+
+    recipe = "pretrain"
+    tokenizer = "tokenizer.json"
+    seq_len = 2048
+    steps = 1000
+    [sources]
+    web = "web/*.parquet"
+    code = ["code/a.parquet", "code/b.parquet"]
+    [weights]
+    web = 0.7
+    code = 0.3
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import os
+import re
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+
+from tokenloom.pipes.chat import LONG_POLICIES
+from tokenloom.pipes.mix import STOPS, STRATEGIES, UNITS
+from tokenloom.pipes.readers import TEXT_MODES
+from tokenloom.recipes.packed import PACKINGS
+
+RECIPES = ("pretrain", "sft")
+BOTH = RECIPES
+# "name=" at the start of a source: an identifier-like name, so paths and URIs
+# (which hold "/" or ":" before any "=") stay paths.
+_NAMED = re.compile(r"^([A-Za-z_][A-Za-z0-9_.-]*)=(.+)$")
+_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def _token(value: str) -> Any:
+    """A special token given on the command line: an id if it is all digits, else a token string."""
+    return int(value) if value.isdigit() else value
+
+
+@dataclass(frozen=True)
+class Setting:
+    key: str                     # TOML key; the flag is --key with "-" for "_"
+    kwarg: Optional[str]         # the recipe's keyword; None: used by the command itself
+    type: Callable[[str], Any]
+    help: str
+    recipes: Tuple[str, ...] = BOTH
+    choices: Optional[Tuple[str, ...]] = None
+    path: bool = False           # a path: relative to the TOML file when it comes from one
+
+    def metavar(self) -> Optional[str]:
+        if self.choices:
+            return None
+        return "PATH" if self.path else "N" if self.type is int else self.key.split("_")[-1].upper()
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.key.replace("_", "-")
+
+
+SETTINGS: Tuple[Setting, ...] = (
+    Setting("recipe", None, str, "what to build (default: pretrain)", choices=RECIPES),
+    Setting("tokenizer", "tokenizer", str, "path to tokenizer.json (default: the shipped 4096-id demo tokenizer)",
+            path=True),
+    Setting("seq_len", "seq_len", int, "tokens per row (T)"),
+    Setting("batch_size", "batch_size", int, "rows per batch (B)"),
+    Setting("packing", "packing", str, "how documents fill rows", choices=PACKINGS),
+    Setting("buffer_size", "buffer_size", int, "documents the best-fit packer looks at"),
+    Setting("workers", "num_workers", int, "loader worker processes (0: in this process)"),
+    Setting("seed", "seed", int, "shuffle seed"),
+    Setting("epochs", "epochs", int, "passes over the data, then stop (default: cycle forever)"),
+    Setting("mix", "mix", str, "how sources are chosen", choices=STRATEGIES),
+    Setting("weights_unit", "weights_unit", str, "weights count tokens or documents", choices=UNITS),
+    Setting("stop", "stop", str, "when a finite mixture ends (needs --epochs)", choices=STOPS),
+    Setting("text_column", "text_column", str, "parquet column / jsonl field holding the text",
+            recipes=("pretrain",)),
+    Setting("text_mode", "text_mode", str, "text files: one document per file or per paragraph",
+            recipes=("pretrain",), choices=TEXT_MODES),
+    Setting("bos", "bos", _token, "token string or id put before every document (default: the tokenizer's)",
+            recipes=("pretrain",)),
+    Setting("eos", "eos", _token, "token string or id put after every document (default: none)",
+            recipes=("pretrain",)),
+    Setting("messages_field", "messages_field", str, "jsonl field / parquet column holding the conversation",
+            recipes=("sft",)),
+    Setting("long_conversations", "long_conversations", str, "conversations longer than a row",
+            recipes=("sft",), choices=LONG_POLICIES),
+    Setting("steps", None, int, "batches to take (default: 100, or to the end with --epochs)"),
+)
+BY_KEY = {s.key: s for s in SETTINGS}
+TABLES = ("sources", "weights")
+DEFAULT_STEPS = 100
+
+
+def add_loader_arguments(parser: argparse.ArgumentParser) -> None:
+    """The sources, ``--config`` and every `SETTINGS` flag. Defaults are suppressed so
+    that only flags actually given override the TOML file."""
+    parser.add_argument("sources", nargs="*", default=argparse.SUPPRESS, metavar="SOURCE",
+                        help="name=path or path (file, glob, directory, URI); several names are mixed")
+    parser.add_argument("--config", metavar="TOML", help="read settings from a TOML file; flags override it")
+    parser.add_argument("--weights", nargs="+", default=argparse.SUPPRESS, metavar="NAME=W",
+                        help="weight per named source, e.g. --weights code=0.7 prose=0.3")
+    for s in SETTINGS:
+        only = "" if s.recipes == BOTH else f" [{'/'.join(s.recipes)} only]"
+        default = _recipe_default(s)
+        shown = f" (default: {default})" if default is not None and "default:" not in s.help else ""
+        parser.add_argument(s.flag, dest=s.key, type=s.type, choices=s.choices, default=argparse.SUPPRESS,
+                            metavar=s.metavar(), help=s.help + shown + only)
+
+
+def _recipe_default(s: Setting) -> Any:
+    """The recipe's default for ``s``, read from its signature (for --help only: a flag
+    not given is not passed, so the recipe applies its own default)."""
+    from tokenloom.recipes import pretrain, sft
+
+    if s.kwarg is None:
+        return None
+    fn = pretrain if s.recipes[0] == "pretrain" else sft
+    return inspect.signature(fn).parameters[s.kwarg].default
+
+
+def parse_sources(items: List[str]) -> Any:
+    """Command-line sources to a recipe spec: a path, a list of paths, or {name: path | [paths]}."""
+    named: Dict[str, List[str]] = {}
+    plain: List[str] = []
+    for item in items:
+        m = _NAMED.match(item)
+        if m and not os.path.exists(item):  # a file really called "a=b" stays a path
+            named.setdefault(m.group(1), []).append(m.group(2))
+        else:
+            plain.append(item)
+    if named and plain:
+        raise ValueError(f"sources mix named and unnamed entries (unnamed: {plain[0]!r}); "
+                         "name all of them (name=path) or none")
+    if named:
+        return {name: paths[0] if len(paths) == 1 else paths for name, paths in named.items()}
+    return plain[0] if len(plain) == 1 else plain
+
+
+def parse_weights(items: List[str]) -> Dict[str, float]:
+    out = {}
+    for item in items:
+        name, _, value = item.partition("=")
+        try:
+            if not name:
+                raise ValueError
+            out[name] = float(value)
+        except ValueError:
+            raise ValueError(f"--weights {item!r}: expected name=weight, e.g. code=0.7") from None
+    return out
+
+
+def read_toml(path: str) -> Dict[str, Any]:
+    """The settings in a TOML file, keys checked and relative paths resolved against the file's folder."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - Python 3.10
+        try:
+            import tomli as tomllib
+        except ImportError:
+            raise ValueError("--config needs Python 3.11+ or the tomli package (pip install tomli)") from None
+    if not os.path.isfile(path):
+        raise ValueError(f"--config {path!r}: no such file; give the path of a TOML file")
+    with open(path, "rb") as f:
+        try:
+            data = tomllib.load(f)
+        except tomllib.TOMLDecodeError as e:
+            raise ValueError(f"--config {path!r}: not valid TOML: {e}") from None
+    base = os.path.dirname(os.path.abspath(path))
+    out: Dict[str, Any] = {}
+    for raw, value in data.items():
+        key = raw.replace("-", "_")
+        if key not in BY_KEY and key not in TABLES:
+            raise ValueError(f"--config {path!r}: unknown setting {raw!r}; known: {', '.join([*BY_KEY, *TABLES])}")
+        setting = BY_KEY.get(key)
+        if setting is not None and setting.type is int and (not isinstance(value, int) or isinstance(value, bool)):
+            raise ValueError(f"--config {path!r}: {raw} = {value!r} must be an integer")
+        if setting is not None and setting.path and isinstance(value, str):
+            value = _relative_to(base, value)
+        if key == "sources":
+            value = _toml_sources(path, base, value)
+        out[key] = value
+    return out
+
+
+def _relative_to(base: str, path: str) -> str:
+    if _URI.match(path) or os.path.isabs(path):
+        return path
+    return os.path.join(base, path)
+
+
+def _toml_sources(path: str, base: str, value: Any) -> Any:
+    def one(spec: Any) -> Any:
+        if isinstance(spec, str):
+            return _relative_to(base, spec)
+        if isinstance(spec, list) and all(isinstance(s, str) for s in spec):
+            return [_relative_to(base, s) for s in spec]
+        raise ValueError(f"--config {path!r}: sources entry {spec!r} must be a path or a list of paths")
+
+    if isinstance(value, Mapping):
+        return {name: one(spec) for name, spec in value.items()}
+    return one(value)
+
+
+def merged_settings(args: argparse.Namespace) -> Dict[str, Any]:
+    """TOML file values, overridden by the flags given; sources and weights parsed."""
+    out: Dict[str, Any] = read_toml(args.config) if getattr(args, "config", None) else {}
+    given = vars(args)
+    for key in BY_KEY:
+        if key in given:
+            out[key] = given[key]
+    if given.get("sources"):
+        out["sources"] = parse_sources(given["sources"])
+    if given.get("weights"):
+        out["weights"] = parse_weights(given["weights"])
+    return out
+
+
+def recipe_kwargs(settings: Mapping[str, Any]) -> Tuple[str, Callable[..., Any], Dict[str, Any]]:
+    """(recipe name, recipe function, keyword arguments) for `build_loader`."""
+    from tokenloom.recipes import pretrain, sft
+
+    recipe = settings.get("recipe", "pretrain")
+    if recipe not in RECIPES:
+        raise ValueError(f"recipe={recipe!r} is not one of {RECIPES}")
+    if "sources" not in settings:
+        raise ValueError("no sources: give name=path or path arguments, or [sources] in a --config file")
+    fn = pretrain if recipe == "pretrain" else sft
+    kwargs: Dict[str, Any] = {"tokenizer": tokenizer_path(settings)}
+    for s in SETTINGS:
+        if s.key not in settings or s.kwarg is None:
+            continue
+        if recipe not in s.recipes:
+            raise ValueError(f"{s.flag} {settings[s.key]!r} applies to recipe {'/'.join(s.recipes)}, "
+                             f"this is recipe={recipe!r}; remove it or pass --recipe {s.recipes[0]}")
+        kwargs[s.kwarg] = settings[s.key]
+    if "weights" in settings:
+        kwargs["weights"] = settings["weights"]
+    return recipe, fn, kwargs
+
+
+def tokenizer_path(settings: Mapping[str, Any]) -> str:
+    """--tokenizer, else the shipped demo tokenizer."""
+    from tokenloom.sample_data import default_tokenizer_path
+
+    return settings.get("tokenizer") or default_tokenizer_path()
+
+
+def steps_to_take(settings: Mapping[str, Any]) -> Optional[int]:
+    """--steps, else 100 for an endless stream, else None (to the end of --epochs)."""
+    steps = settings.get("steps")
+    if steps is not None and steps < 1:
+        raise ValueError(f"--steps {steps} must be >= 1")
+    if steps is None and settings.get("epochs") is None:
+        return DEFAULT_STEPS
+    return steps
+
+
+def build_loader(settings: Mapping[str, Any]):
+    """(recipe name, loader) from merged settings."""
+    recipe, fn, kwargs = recipe_kwargs(settings)
+    return recipe, fn(settings["sources"], **kwargs)
+
+
+def describe(recipe: str, loader: Any) -> str:
+    """One line from the loader's own configuration, so it shows what was actually built."""
+    c = loader.config
+    sources = ", ".join(c["sources"])
+    weights = ""
+    if c.get("weights"):
+        first = c["weights"][0][1]
+        weights = " weights " + " ".join(f"{n}={w:.2f}" for n, w in first.items())
+        if len(c["weights"]) > 1:
+            weights += f" (schedule of {len(c['weights'])})"
+    return (f"{recipe}: sources {sources}{weights}; seq_len={c['seq_len']} batch_size={c['batch_size']} "
+            f"workers={c['num_workers']} packing={c['packing']} seed={c['seed']} epochs={c['epochs']}")
