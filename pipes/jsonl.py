@@ -167,6 +167,11 @@ class ReadJsonl(Node[Doc]):
                 log.warning("skipping line at %s: %s (further %s lines are counted in the reader state as "
                             "'skipped', not logged)", where, what, kind)
 
+    @property
+    def skipped(self) -> int:
+        """Rows skipped so far (restored with the state); recipes show it in ``loader.stats()``."""
+        return self._skipped
+
     def get_state(self) -> Dict[str, Any]:
         parent, row = self._cursor.position()
         return {self.PARENT: parent, self.ROW: row, self.SKIPPED: self._skipped}

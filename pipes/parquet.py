@@ -12,6 +12,16 @@ shard reads positions ``[lo, hi)`` of that permutation, so shards that split a
 unit stay disjoint. The reader's state is the sharder's state at the start of
 the current slice plus how many rows of the slice were emitted: restoring reads
 that row group again and skips, never storing text.
+
+Bad files fail with the file (and row group, and row) named: an unreadable footer
+(a truncated copy) and a missing or non-text column fail at listing, before any
+worker starts; a corrupt row group fails when a worker reads it. Pages are read
+with checksum verification, so a file written with page checksums
+(``write_page_checksum=True`` in pyarrow) turns any corrupt byte into an error
+instead of wrong text; it adds ~25% to the parquet read time measured on 30 MB
+of text (163 vs 129 ms), far below the tokenizer's cost for the same text.
+Files with no rows contribute nothing and are not checked. A file whose size
+changed since listing is refused when a worker opens it.
 """
 
 from __future__ import annotations
@@ -19,7 +29,7 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import pyarrow as pa
@@ -54,35 +64,70 @@ class UnitTable:
         return loc if row is None else f"{loc}, row {row}"
 
 
-def _text_like(t: pa.DataType) -> bool:
-    return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)
+#: Column kinds a reader can ask for: documents are text, conversations are lists.
+TEXT, LIST, OTHER = "text", "list", "other"
+REQUIRES = (TEXT, LIST, None)
 
 
-def list_parquet_units(files: Sequence[SourceFile], column: str, *, require_text: bool = True) -> UnitTable:
-    """Read every footer once; check that ``column`` exists (and holds text, unless
-    ``require_text=False``, as for a list of chat messages)."""
+def column_kind(t: pa.DataType) -> str:
+    """TEXT for (large, view, dictionary-encoded) strings, LIST for list columns, else OTHER."""
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):
+        return TEXT
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t) \
+            or pa.types.is_list_view(t) or pa.types.is_large_list_view(t):
+        return LIST
+    return OTHER
+
+
+@dataclass(frozen=True)
+class Footer:
+    """What listing needs from one file's footer: its columns as ``(name, type, kind)``
+    and the number of rows of each row group (empty ones included, so indices hold)."""
+
+    columns: Tuple[Tuple[str, str, str], ...]
+    row_groups: Tuple[int, ...]
+
+
+def read_footer(f: SourceFile) -> Footer:
+    """Open ``f``'s footer once; an unreadable one is a `ValueError` naming the file."""
+    try:
+        with f.open() as handle:
+            meta = pq.ParquetFile(handle).metadata
+            schema = meta.schema.to_arrow_schema()
+    except Exception as e:
+        raise ValueError(f"{f.uri or f.path} is not a readable parquet file ({e}); it may be truncated (an "
+                         "interrupted copy or write): copy or write it again, or remove it from the source") from e
+    return Footer(tuple((x.name, str(x.type), column_kind(x.type)) for x in schema),
+                  tuple(meta.row_group(i).num_rows for i in range(meta.num_row_groups)))
+
+
+def check_column(f: SourceFile, footer: Footer, column: str, require: Optional[str]) -> None:
+    """``column`` must exist in ``f`` and be of kind ``require`` (None: any); files without
+    rows are not checked (nothing is read from them)."""
+    if sum(footer.row_groups) == 0:
+        return
+    types = {name: (typ, kind) for name, typ, kind in footer.columns}
+    if column not in types:
+        raise ValueError(f"column {column!r} not found in {f.uri or f.path}; it has columns {list(types)}. "
+                         "Pass text_column= with one of them, or fix or remove this file")
+    typ, kind = types[column]
+    if require is not None and kind != require:
+        want = "text (string)" if require == TEXT else "a list (of messages)"
+        raise ValueError(f"column {column!r} in {f.uri or f.path} has type {typ}, not {want}; pass text_column= "
+                         f"naming a {require} column, or fix or remove this file")
+
+
+def units_from_footers(files: Sequence[SourceFile], footers: Sequence[Footer], column: str, *,
+                       require: Optional[str] = TEXT) -> UnitTable:
+    """Check ``column`` in every file and list the non-empty row groups as units."""
+    if require not in REQUIRES:
+        raise ValueError(f"{require=} must be one of {REQUIRES}")
     f_idx, rgs, rows = [], [], []
-    for i, f in enumerate(files):
-        try:
-            with f.open() as handle:
-                meta = pq.ParquetFile(handle).metadata
-                schema = meta.schema.to_arrow_schema()
-        except Exception as e:
-            raise ValueError(f"cannot read parquet footer of {f.uri or f.path}: {e}. "
-                             "Is it a complete parquet file?") from e
-        if column not in schema.names:
-            raise ValueError(
-                f"column {column!r} not found in {f.uri or f.path}; it has columns {schema.names}. "
-                "Pass text_column= with one of them."
-            )
-        typ = schema.field(column).type
-        if require_text and not _text_like(typ):
-            raise ValueError(
-                f"column {column!r} in {f.uri or f.path} has type {typ}, not text; "
-                "pass text_column= naming a string column"
-            )
-        for rg in range(meta.num_row_groups):
-            n = meta.row_group(rg).num_rows
+    for i, (f, footer) in enumerate(zip(files, footers)):
+        check_column(f, footer, column, require)
+        for rg, n in enumerate(footer.row_groups):
             if n > 0:
                 f_idx.append(i)
                 rgs.append(rg)
@@ -90,12 +135,30 @@ def list_parquet_units(files: Sequence[SourceFile], column: str, *, require_text
     return UnitTable(list(files), np.asarray(f_idx, np.int32), np.asarray(rgs, np.int32), np.asarray(rows, np.int64))
 
 
+def list_parquet_units(files: Sequence[SourceFile], column: str, *, require: Optional[str] = TEXT) -> UnitTable:
+    """Read every footer once and list the units; ``column`` must hold ``require``
+    (``"text"``; ``"list"`` for conversations; None: anything)."""
+    return units_from_footers(files, [read_footer(f) for f in files], column, require=require)
+
+
+class FileChangedError(RuntimeError):
+    """A file is not the one that was listed (its size changed)."""
+
+
+def _bad_utf8(value: pa.Scalar) -> bool:
+    try:
+        value.as_py()
+    except UnicodeDecodeError:
+        return True
+    return False
+
+
 class ReadParquet(Node[Doc]):
     """Reads the documents of the slices a `ShardUnits` node emits.
 
-    Null values are skipped, counted in the state (``skipped``) and reported once
-    per worker with their location, so a few bad rows do not stop a run and
-    are never lost silently.
+    Null values are skipped, counted in the state (``skipped``, and per source in a
+    recipe's ``loader.stats()``) and reported once per worker with their location,
+    so a few bad rows do not stop a run and are never lost silently.
     """
 
     PARENT = "parent"
@@ -137,7 +200,14 @@ class ReadParquet(Node[Doc]):
         pf = self._open.get(i)
         if pf is None:
             f = self.units.files[i]
-            pf = pq.ParquetFile(f.open())
+            handle = f.open()
+            size = handle.size()
+            if size != f.size:
+                handle.close()
+                # A rewritten file's row groups are not the listed ones: reading on would mix them up.
+                raise FileChangedError(f"{f.uri or f.path} is {size} bytes now, it was listed with {f.size}; the "
+                                       "file changed after the loader was built: rebuild the loader")
+            pf = pq.ParquetFile(handle, page_checksum_verification=True)
             self._open[i] = pf
             if len(self._open) > self.OPEN_FILES:
                 self._open.popitem(last=False)
@@ -150,15 +220,28 @@ class ReadParquet(Node[Doc]):
         try:
             table = self._file(int(self.units.file[u])).read_row_group(int(self.units.row_group[u]),
                                                                          columns=[self.column])
+        except FileChangedError:
+            raise
         except Exception as e:
-            raise RuntimeError(f"cannot read {self.units.where(u)}: {e}") from e
+            hint = ("the file is gone (deleted or moved after the loader was built)" if isinstance(e, FileNotFoundError)
+                    else "the row group is corrupt, or the file changed after the loader was built")
+            raise RuntimeError(f"cannot read {self.units.where(u)}: {e}. {hint}; check it with pyarrow.parquet."
+                               "ParquetFile(path).read_row_group(n), rewrite or remove it, and rebuild the "
+                               "loader") from e
         n = int(self.units.rows[u])
         if table.num_rows != n:
             raise RuntimeError(f"{self.units.where(u)} has {table.num_rows} rows, its footer said {n}; "
                                "the file changed after the loader was built")
         order = rng_for(self.seed, ROW_ORDER_TAG, s.epoch, u).permutation(n) if self.shuffle_rows else np.arange(n)
         self._rows = order[s.lo:s.hi]
-        self._texts = table.column(0).take(pa.array(self._rows)).to_pylist()
+        column = table.column(0).take(pa.array(self._rows))
+        try:
+            self._texts = column.to_pylist()
+        except UnicodeDecodeError as e:
+            row = next(int(r) for r, v in zip(self._rows, column) if _bad_utf8(v))
+            raise ValueError(f"{self.units.where(u, row)}: invalid UTF-8 in column {self.column!r} ({e.reason} at "
+                             f"byte {e.start}); the page is corrupt, or the column holds binary data as a string. "
+                             "Rewrite or remove the file") from e
         self._slice = s
 
     def next(self) -> Doc:
@@ -180,6 +263,11 @@ class ReadParquet(Node[Doc]):
                     continue
                 return Doc(text, self.source, self._slice.unit, int(self._rows[i]), self._slice.epoch)
             self._slice = None
+
+    @property
+    def skipped(self) -> int:
+        """Rows skipped so far (restored with the state); recipes show it in ``loader.stats()``."""
+        return self._skipped
 
     def get_state(self) -> Dict[str, Any]:
         if self._slice is None:

@@ -5,6 +5,9 @@ a missing column or an unreadable footer fails before any worker starts) and
 returns a small picklable `SourcePlan`; inside each worker
 ``plan.reader(shard_node)`` builds the right reader for the shard.
 
+A source whose files hold no rows at all is an error naming its files; empty
+files among others contribute nothing.
+
 The format comes from the file endings (``.parquet``, ``.jsonl``/``.json``/``.ndjson``,
 ``.txt``/``.md``/``.text``); a directory is searched for each format and must
 hold exactly one kind, or ``fmt=`` must say which.
@@ -19,7 +22,7 @@ from typing import Any, List, Optional, Union
 from .base import Node
 from .items import Doc
 from .jsonl import ReadJsonl, list_jsonl_units
-from .parquet import ReadParquet, list_parquet_units
+from .parquet import LIST, TEXT, ReadParquet, list_parquet_units
 from .shard import ShardUnits
 from .sources import FORMAT_SUFFIXES, SourceFile, SourceSpec, fingerprint_files, resolve_files
 from .text_files import ReadText, list_text_units
@@ -98,9 +101,15 @@ def plan_source(name: str, spec: SourceSpec, *, column: str = "text", text_mode:
     fmt = fmt or detect_format(spec)
     files = resolve_files(spec, fmt)
     if fmt == "parquet":
-        units = list_parquet_units(files, column, require_text=require_type is str)
+        require = TEXT if require_type is str else LIST if require_type is list else None
+        units = list_parquet_units(files, column, require=require)
     elif fmt == "jsonl":
         units = list_jsonl_units(files, field=column)
     else:
         units = list_text_units(files, mode=text_mode)
+    if units.total_rows == 0:
+        more = f" and {len(files) - 3} more" if len(files) > 3 else ""
+        shown = ", ".join(f.uri or f.path for f in files[:3]) + more
+        raise ValueError(f"source {name!r} has 0 rows: its {len(files)} {fmt} file(s) ({shown}) hold no documents; "
+                         "point it at files with data, or leave the source out")
     return SourcePlan(name, fmt, files, units, column, text_mode, require_type)

@@ -38,7 +38,9 @@ from tokenloom.pipes.tokenize import Tokenize
 from tokenloom.pipes.tokenizer import Encoder, load_encoder, resolve_special
 
 PACKINGS = ("flat", "bestfit", "bestfit-crop")
-SOURCE_STAT_KEYS = ("tokens", "documents", "epochs")
+#: Per source: delivered tokens and documents, passes, and rows its reader skipped (null text,
+#: bad jsonl lines under on_error="skip"), counted when read.
+SOURCE_STAT_KEYS = ("tokens", "documents", "epochs", "skipped")
 
 
 def dist_rank_world(rank: Optional[int], world_size: Optional[int]) -> tuple:
@@ -79,6 +81,7 @@ class PackedStatsView:
 
     def __call__(self, flat: Dict[str, int], step: int) -> Dict[str, Any]:
         out: Dict[str, Any] = {k: flat[k] for k in PACK_STAT_KEYS}
+        out["skipped"] = sum(flat[f"source/{n}/skipped"] for n in self.names)
         era = max(i for i, (s, _) in enumerate(self.schedule) if s <= step)
         total = sum(flat[f"source/{n}/tokens"] for n in self.names)
         chat = {k.split("/", 1)[1]: v for k, v in flat.items() if k.startswith("conversations/")}
@@ -89,6 +92,7 @@ class PackedStatsView:
                 "tokens": flat[f"source/{n}/tokens"],
                 "documents": flat[f"source/{n}/documents"],
                 "epochs": flat[f"source/{n}/epochs"],
+                "skipped": flat[f"source/{n}/skipped"],
                 "target": self.schedule[era][1][n],
                 "share": flat[f"source/{n}/tokens"] / total if total else 0.0,
             }
@@ -126,13 +130,14 @@ class PackedGraph:
         first_epoch = ctx.round * self.epochs if self.epochs is not None else 0
         single = len(self.plans) == 1
         branches = {}
+        readers = {}
         renderers: List[RenderChat] = []
         for plan in self.plans:
             # With several sources the mixer decides when to stop, so branches are endless.
             node = ShardUnits(plan.units.rows, shard=ctx.shard, num_shards=ctx.num_shards, seed=self.seed,
                               epochs=self.epochs if single else None, first_epoch=first_epoch,
                               what=f"source {plan.name!r}")
-            node = plan.reader(node, seed=self.seed)
+            node = readers[plan.name] = plan.reader(node, seed=self.seed)
             if self.chat is None:
                 branches[plan.name] = Tokenize(node, self.encoder, bos=self.bos, eos=self.eos)
             else:
@@ -164,7 +169,7 @@ class PackedGraph:
             for n in names:
                 tokens, docs = delivered.get(n, (0, 0))
                 epochs = passes[n]["epochs"] if passes is not None else 0
-                out += [tokens, docs, epochs]
+                out += [tokens, docs, epochs, getattr(readers[n], "skipped", 0)]  # text readers never skip
             if renderers:
                 per = [r.counts() for r in renderers]
                 out += [sum(c[k] for c in per) for k in RenderChat.COUNT_KEYS]
