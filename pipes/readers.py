@@ -5,8 +5,9 @@ a missing column or an unreadable footer fails before any worker starts) and
 returns a small picklable `SourcePlan`; inside each worker
 ``plan.reader(shard_node)`` builds the right reader for the shard.
 
-A source whose files hold no rows at all is an error naming its files; empty
-files among others contribute nothing.
+Parquet footers come from the source's index when `tokenloom index` wrote one
+(see manifest.py). A source whose files hold no rows at all is an error naming
+its files; empty files among others contribute nothing.
 
 The format comes from the file endings (``.parquet``, ``.jsonl``/``.json``/``.ndjson``,
 ``.txt``/``.md``/``.text``); a directory is searched for each format and must
@@ -22,7 +23,8 @@ from typing import Any, List, Optional, Union
 from .base import Node
 from .items import Doc
 from .jsonl import ReadJsonl, list_jsonl_units
-from .parquet import LIST, TEXT, ReadParquet, list_parquet_units
+from .manifest import list_units
+from .parquet import LIST, TEXT, ReadParquet
 from .shard import ShardUnits
 from .sources import FORMAT_SUFFIXES, SourceFile, SourceSpec, fingerprint_files, resolve_files
 from .text_files import ReadText, list_text_units
@@ -94,15 +96,20 @@ def detect_format(spec: SourceSpec) -> str:
 
 
 def plan_source(name: str, spec: SourceSpec, *, column: str = "text", text_mode: str = "file",
-                fmt: Optional[str] = None, require_type: Optional[type] = str) -> SourcePlan:
-    """Resolve, check and list one source (see the module docstring)."""
+                fmt: Optional[str] = None, require_type: Optional[type] = str,
+                manifest: Optional[str] = None) -> SourcePlan:
+    """Resolve, check and list one source (see the module docstring); ``manifest`` is the
+    path or URI of a parquet source's index when it is not in the default place."""
     if text_mode not in TEXT_MODES:
         raise ValueError(f"{text_mode=} is not one of {TEXT_MODES}")
     fmt = fmt or detect_format(spec)
+    if manifest is not None and fmt != "parquet":
+        raise ValueError(f"manifest={manifest!r} is an index of parquet files, but source {name!r} is {fmt}; "
+                         "leave manifest= out for it")
     files = resolve_files(spec, fmt)
     if fmt == "parquet":
         require = TEXT if require_type is str else LIST if require_type is list else None
-        units = list_parquet_units(files, column, require=require)
+        units = list_units(files, column, require=require, manifest=manifest)
     elif fmt == "jsonl":
         units = list_jsonl_units(files, field=column)
     else:

@@ -39,6 +39,10 @@ FORMAT_SUFFIXES = {
 
 SourceSpec = Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]]
 
+#: The index `tokenloom index` writes next to the data (see manifest.py); never a data file,
+#: even when a glob such as ``*.json`` matches it.
+MANIFEST_NAME = "_tokenloom_index.json"
+
 
 @dataclass(frozen=True)
 class SourceFile:
@@ -160,7 +164,8 @@ def _resolve_one(spec: str, fmt: str) -> List[SourceFile]:
         if _is_glob(path):
             base = _glob_root(path)
             infos = fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
-            files = [i for i in infos if i.type == pafs.FileType.File and fnmatch.fnmatch(i.path, path)]
+            files = [i for i in infos if i.type == pafs.FileType.File and fnmatch.fnmatch(i.path, path)
+                     and os.path.basename(i.path) != MANIFEST_NAME]
         else:
             info = fs.get_file_info(path)
             if info.type == pafs.FileType.File:

@@ -178,6 +178,21 @@ class PackedGraph:
         return WithStats(batch, counters=counters, keys=stat_keys(names, bool(renderers)), worker=ctx.worker)
 
 
+def _manifests(manifest: Union[str, Mapping[str, str], None], names: List[str]) -> Dict[str, str]:
+    """``manifest=`` as {source name: index path}: a path for a single source, or a dict."""
+    if manifest is None:
+        return {}
+    if isinstance(manifest, Mapping):
+        unknown = sorted(set(manifest) - set(names))
+        if unknown:
+            raise ValueError(f"manifest= names unknown sources {unknown}; the sources are {names}")
+        return dict(manifest)
+    if len(names) != 1:
+        raise ValueError(f"{manifest=} with several sources {names}: pass {{name: index path}} for the sources "
+                         "that have an index elsewhere")
+    return {names[0]: manifest}
+
+
 def packed_loader(
     sources: Union[SourceSpec, Mapping[str, SourceSpec]],
     tokenizer: Any,
@@ -205,6 +220,7 @@ def packed_loader(
     rank_sync: Optional[RankSync],
     chat: Any = None,
     long_conversations: str = "truncate",
+    manifest: Union[str, Mapping[str, str], None] = None,
     loader_kwargs: Mapping[str, Any],
 ) -> TokenLoomLoader:
     """The shared body of `pretrain` and `sft` (``chat`` set: conversations)."""
@@ -234,11 +250,12 @@ def packed_loader(
         raise ValueError("weights= needs several named sources: pass sources={name: spec, ...}")
     names = list(named)
     schedule = normalize_schedule(weights, names)
+    manifests = _manifests(manifest, names)
     num_shards = world_size * max(num_workers, 1)
     plans = []
     for name, spec in named.items():
         plan = plan_source(name, spec, column=text_column, text_mode=text_mode,
-                           require_type=str if chat is None else list)
+                           require_type=str if chat is None else list, manifest=manifests.get(name))
         check_shardable(plan.total_rows, num_shards, f"source {name!r}")
         plans.append(plan)
 

@@ -40,6 +40,7 @@ def pretrain(
     burst: int = 1,
     text_mode: str = "file",
     rank_sync: Optional[RankSync] = None,
+    manifest: Union[str, Mapping[str, str], None] = None,
     **loader_kwargs: Any,
 ) -> TokenLoomLoader:
     """Build a loader of packed pretraining batches (see the README for every parameter).
@@ -50,10 +51,14 @@ def pretrain(
     Returns a `TokenLoomLoader` (a `StatefulDataLoader`): iterate it for batches,
     save ``loader.state_dict()`` with the model, and ``load_state_dict`` it into a
     loader built with the same arguments to continue with the exact next batch.
+    ``manifest`` is the path of a parquet index ``tokenloom index --out`` wrote away from
+    the data (``{name: path}`` with several sources); an index in the directory a source
+    resolves under is used without it.
     """
     return packed_loader(
         sources, tokenizer, seq_len=seq_len, batch_size=batch_size, bos=bos, weights=weights, packing=packing,
         buffer_size=buffer_size, epochs=epochs, num_workers=num_workers, seed=seed, rank=rank,
         world_size=world_size, text_column=text_column, eos=eos, mix=mix, weights_unit=weights_unit, stop=stop,
         cycle_exhausted=cycle_exhausted, pattern=pattern, burst=burst, text_mode=text_mode, rank_sync=rank_sync,
+        manifest=manifest,
         loader_kwargs=loader_kwargs)

@@ -46,6 +46,7 @@ def sft(
     pattern: Optional[Sequence[str]] = None,
     burst: int = 1,
     rank_sync: Optional[RankSync] = None,
+    manifest: Union[str, Mapping[str, str], None] = None,
     **loader_kwargs: Any,
 ) -> TokenLoomLoader:
     """Build a loader of packed conversation batches (see the module docstring and the README).
@@ -60,5 +61,6 @@ def sft(
         buffer_size=buffer_size, epochs=epochs, num_workers=num_workers, seed=seed, rank=rank,
         world_size=world_size, text_column=messages_field, eos=None, mix=mix, weights_unit=weights_unit, stop=stop,
         cycle_exhausted=cycle_exhausted, pattern=pattern, burst=burst, text_mode="file", rank_sync=rank_sync,
+        manifest=manifest,
         chat=template if template is not None else ChatTemplate(), long_conversations=long_conversations,
         loader_kwargs=loader_kwargs)

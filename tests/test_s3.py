@@ -23,6 +23,7 @@ import urllib.request
 
 import boto3  # comes with moto[server], in the dev extra
 import moto.server as moto_server
+import pyarrow.fs as pafs
 import pytest
 
 from tokenloom.pipes import load_encoder
@@ -30,6 +31,7 @@ from tokenloom.recipes import pretrain
 
 from .conftest import synthetic_texts, write_corpus
 from .resume import check_loader_resume, items_equal
+from .test_manifest import footer_reads, index  # noqa: F401  (footer_reads is a fixture)
 from .test_torchrun import _doc_ids
 
 
@@ -200,3 +202,19 @@ def test_secret_in_the_uri_is_never_echoed(s3, creds, tok_path):
     with pytest.raises(FileNotFoundError) as e:
         pretrain(bad, tokenizer=tok_path, **ARGS)
     assert secret not in str(e.value) and e.value.__cause__ is None, str(e.value)
+
+
+def test_index_next_to_the_objects_replaces_the_footer_reads(s3, creds, tok_path, footer_reads):
+    """`tokenloom index` on an S3 glob writes the index into the bucket; a loader then reads no
+    footer and yields the same batches."""
+    uri = _uri(s3)
+    reference = next(iter(pretrain(uri, tokenizer=tok_path, **ARGS)))
+    assert index(uri) == 0
+    fs, path = pafs.FileSystem.from_uri(_uri(s3, f"{BUCKET}/{PREFIX}/_tokenloom_index.json"))
+    try:
+        footer_reads[0] = 0
+        with_index = pretrain(uri, tokenizer=tok_path, **ARGS)
+        assert footer_reads[0] == 0
+        assert items_equal(reference, next(iter(with_index)))
+    finally:
+        fs.delete_file(path)  # the other tests list the footers
