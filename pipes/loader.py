@@ -37,6 +37,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from .base import StateError
 from .wire import WireBatch, unwrap
+from .worker_memory import settle_worker_malloc
 
 #: Bumped whenever the layout of a saved state changes incompatibly.
 STATE_VERSION = 1
@@ -198,6 +199,8 @@ class TokenLoomLoader(StatefulDataLoader):
                     raise ValueError(f"{opt}= needs num_workers > 0 (got {num_workers=}); remove it or add workers")
                 loader_kwargs.pop(opt, None)
         dataset = NodeDataset(factory, rank=rank, world_size=world_size, num_workers=num_workers)
+        if num_workers > 0:
+            loader_kwargs["worker_init_fn"] = WorkerInit(loader_kwargs.get("worker_init_fn"))
         with warnings.catch_warnings():
             # torchdata 0.11 calls a torch API that newer torch deprecates; not the user's concern.
             warnings.filterwarnings("ignore", message=".*set_vital.*")
@@ -348,3 +351,15 @@ class _StatsIterator:
 
 def _identity(x):
     return x
+
+
+class WorkerInit:
+    """Runs in each worker process before the user's ``worker_init_fn``: flat memory (worker_memory.py)."""
+
+    def __init__(self, user: Optional[Callable[[int], None]]):
+        self.user = user
+
+    def __call__(self, worker_id: int) -> None:
+        settle_worker_malloc()
+        if self.user is not None:
+            self.user(worker_id)

@@ -1,0 +1,36 @@
+"""What tokenloom does once in each loader worker: glibc malloc settings, then the user's worker_init_fn."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+
+import pytest
+
+from tokenloom.recipes import pretrain
+
+
+class RecordWorker:
+    def __init__(self, folder):
+        self.folder = folder
+
+    def __call__(self, worker_id):
+        with open(os.path.join(self.folder, f"worker-{worker_id}"), "w") as f:
+            f.write(str(os.getpid()))
+
+
+def test_the_users_worker_init_fn_still_runs(corpus, tok_path, tmp_path):
+    loader = pretrain(corpus[0], tokenizer=tok_path, seq_len=63, batch_size=2, buffer_size=16, num_workers=2,
+                      worker_init_fn=RecordWorker(str(tmp_path)))
+    next(iter(loader))
+    pids = {open(tmp_path / f"worker-{w}").read() for w in (0, 1)}
+    assert len(pids) == 2 and str(os.getpid()) not in pids
+
+
+@pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc only")
+def test_malloc_settings_apply_on_glibc():
+    code = "from tokenloom.pipes.worker_memory import settle_worker_malloc; print(settle_worker_malloc())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "True"
