@@ -16,12 +16,12 @@ machine only ever add waiting):
 - ``matmul`` steps keep one core busy (single-threaded CPU matmuls), like a
   host-heavy step; on a 2-core machine they compete with the loader workers.
 
-Also (2 workers, sleep steps) through `tokenloom.pipes.prefetch.DevicePrefetcher`
-(on a machine without CUDA a pass-through: this measures its bookkeeping, not a
-copy); with the batches crossing the process boundary as numpy arrays (a
-sketch of the fix proposed from benchmarks/throughput.py: one pickled message
-instead of one shared-memory file descriptor per tensor); and, with
-``--prefetch-factor 8``, with deeper worker queues (default 2 batches per worker).
+Also (2 workers, sleep steps) through `tokenloom.pipes.prefetch.DevicePrefetcher`,
+whose background thread receives batches from the workers while the step runs
+(on a machine without CUDA it makes no copies: this measures the thread and its
+bookkeeping), with ``--depth`` batches ready (default 2 and 4); and, with
+``--prefetch-factor 8``, the bare loader with deeper worker queues (default 2
+batches per worker).
 
 Target (issue 6): no waiting once a step takes 1.1 x the data time; "no waiting"
 here means a wait share under 1%.
@@ -42,10 +42,7 @@ import re
 import sys
 import time
 
-import numpy as np
 import torch
-from torch.utils.data import IterableDataset
-from torchdata.stateful_dataloader import StatefulDataLoader
 
 from tokenloom.pipes.prefetch import DevicePrefetcher
 from tokenloom.recipes import pretrain
@@ -86,38 +83,12 @@ class Step:
             self.a @ self.a
 
 
-class NumpyTransfer(IterableDataset):
-    """A sketch of the transfer fix (see the throughput benchmark): workers send the batch's arrays as
-    numpy (pickled through the pipe, ~0.7 ms for a 512 KB batch) instead of tensors (one shared-memory
-    file descriptor per tensor, ~2 ms); the main process wraps them with ``torch.from_numpy`` (no copy)."""
-
-    def __init__(self, dataset):
-        self.dataset = dataset
-
-    def __iter__(self):
-        for batch in self.dataset:
-            yield {k: v.numpy() if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
-
-
-def _identity(x):
-    return x
-
-
-def _as_tensors(loader):
-    for batch in loader:
-        yield {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in batch.items()}
-
-
 def run(files, args, cfg: dict, seconds: float) -> dict:
     """A fresh loader from the start of the stream: ``warmup`` batches as fast as they come
     (startup, queues full), then ``batches`` batches with a step of ``seconds`` after each."""
     loader = pretrain(files, tokenizer=default_tokenizer_path(), seq_len=args.seq_len, batch_size=args.batch_size,
                       num_workers=cfg["workers"], seed=0, **cfg["loader_kwargs"])
-    if cfg["transfer"] == "numpy":
-        source = _as_tensors(StatefulDataLoader(NumpyTransfer(loader.dataset), batch_size=None,
-                                                num_workers=cfg["workers"], collate_fn=_identity))
-    else:
-        source = DevicePrefetcher(loader, depth=2) if cfg["prefetcher"] else loader
+    source = DevicePrefetcher(loader, depth=cfg["prefetcher"]) if cfg["prefetcher"] else loader
     it = iter(source)
     step = Step(cfg["step"])
     for _ in range(args.warmup):
@@ -156,9 +127,8 @@ def measure(files, args, cfg: dict) -> dict:
 
 
 def _label(r: dict) -> str:
-    parts = ([r["step"] + " step"] + (["DevicePrefetcher"] if r["prefetcher"] else []) +
-             [f"{k}={v}" for k, v in r["loader_kwargs"].items()] +
-             (["numpy transfer (sketch of the fix)"] if r["transfer"] == "numpy" else []))
+    parts = ([r["step"] + " step"] + ([f"DevicePrefetcher depth={r['prefetcher']}"] if r["prefetcher"] else []) +
+             [f"{k}={v}" for k, v in r["loader_kwargs"].items()])
     return ", ".join(parts)
 
 
@@ -217,21 +187,20 @@ def results_markdown(out: dict, command: str) -> str:
         lines.append(f"| {r['workers']} | {_label(r)} | {r['data_ms_per_batch']:.1f} | {shares} | "
                      f"{r['factors'][-1]['wait_ms_per_step']:.1f} | {'yes' if r['no_wait_from_1_1x'] else '**no**'} |")
     lines += ["", "`wait ms/step at 2x`: time spent in `next()` per step when the loader is far ahead of the loop; "
-              "with workers it is what receiving one batch from a worker process costs the training loop (compare "
-              "the per-batch transfer table in the throughput section).", "", "![stall](stall.png)"]
+              "for the bare loader with workers it is what receiving one batch from a worker process costs the "
+              "training thread; through the prefetcher that work happens in its thread during the step.", "",
+              "![stall](stall.png)"]
     return "\n".join(lines)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer batches; 2 workers, sleep steps, with and without "
-                    "the prefetcher only")
+                    "the prefetcher")
     ap.add_argument("--workers", type=int, nargs="+", default=None)
     ap.add_argument("--steps", nargs="+", default=["sleep", "matmul"], choices=["sleep", "matmul"])
-    ap.add_argument("--no-prefetch", dest="prefetch", action="store_false",
-                    help="do not add the DevicePrefetcher run")
-    ap.add_argument("--no-numpy-transfer", dest="numpy_transfer", action="store_false",
-                    help="do not add the run sketching the numpy transfer fix")
+    ap.add_argument("--depth", type=int, nargs="*", default=[2, 4],
+                    help="DevicePrefetcher runs with these depths (none: no prefetcher runs)")
     ap.add_argument("--repeats", type=int, default=None, help="runs per point, interleaved; the best is kept")
     ap.add_argument("--prefetch-factor", type=int, nargs="*", default=[],
                     help="extra runs with these StatefulDataLoader prefetch_factor values (default loader: 2)")
@@ -252,16 +221,12 @@ def main(argv=None) -> int:
            "config": {"seq_len": args.seq_len, "batch_size": args.batch_size, "factors": FACTORS,
                       "warmup_batches": args.warmup, "batches_per_run": args.batches, "repeats": args.repeats},
            "runs": []}
-    def cfg(workers, step, prefetcher=False, transfer="tensors", **loader_kwargs):
-        return {"workers": workers, "step": step, "prefetcher": prefetcher, "transfer": transfer,
-                "loader_kwargs": loader_kwargs}
+    def cfg(workers, step, prefetcher=0, **loader_kwargs):
+        return {"workers": workers, "step": step, "prefetcher": prefetcher, "loader_kwargs": loader_kwargs}
 
     first = args.workers[0]
     plan = [cfg(w, k) for w in args.workers for k in args.steps if not (w == 1 and k == "matmul")]
-    if args.prefetch:
-        plan.append(cfg(first, "sleep", prefetcher=True))
-    if args.numpy_transfer and first > 0:
-        plan.append(cfg(first, "sleep", transfer="numpy"))
+    plan += [cfg(first, "sleep", prefetcher=d) for d in args.depth]
     plan += [cfg(first, "sleep", prefetch_factor=pf) for pf in args.prefetch_factor]
     for c in plan:
         r = measure(files, args, c)

@@ -1,49 +1,59 @@
-"""Copy the next batches to the GPU while the current step runs, and checkpoint what the loop has seen.
+"""Fetch the next batches in a background thread, copy them to the GPU, and checkpoint what the loop has seen.
 
-Algorithm: `DevicePrefetcher` wraps a loader (a `TokenLoomLoader`) and keeps a
-queue of up to ``depth`` batches (default 2) already fetched from it. Each
-fetched batch is copied to ``device`` on a side CUDA stream (``non_blocking``
-from pinned memory, so the copy overlaps the training step running on the
-current stream) and an event is recorded after its copies. When the loop asks
-for a batch, the front of the queue is handed over after
+Algorithm: `DevicePrefetcher` wraps a loader (a `TokenLoomLoader`). A background
+thread keeps up to ``depth`` batches (default 2) ready: it takes a free slot,
+fetches the next batch from the loader, copies it to ``device`` on a side CUDA
+stream (``non_blocking`` from pinned memory, so the copy overlaps the training
+step running on the current stream), records an event, and queues it. When the
+loop asks for a batch, the front of the queue is handed over after
 
 - ``current_stream.wait_event(event)``: kernels the loop launches on its own
   stream start only after that batch's copies finished (the host does not wait);
 - ``tensor.record_stream(current_stream)``: the caching allocator, which
   allocated the tensors on the side stream, does not give their memory to a
-  later copy until the work the loop queued on them is done.
+  later copy until the work the loop queued on them is done;
 
-Then the queue is topped up again, so ``depth`` copies are in flight during the
-step. Without CUDA (or with ``device="cpu"``) the same queue runs with no
-copies and no streams: a pass-through with the same state semantics, which is
-what the CPU tests check.
+and its slot is freed, so the thread fetches the next one during the step.
+Without CUDA (or with ``device="cpu"``) the same thread and queue run with no
+copies and no streams, which is what the CPU tests check.
+
+Why a thread: receiving a batch from a worker process (unpickling it, applying
+the worker's state delta, rebuilding the loader snapshot) costs the training
+thread ~1-4 ms per batch on 2 cores; in the thread it overlaps the step, and
+the loop's ``next()`` only takes a ready batch (`benchmarks/stall.py`). The
+DataLoader's own pin-memory thread does part of this on a GPU machine; this
+thread does all of it, on every machine. The loader is only touched by the
+thread while an iteration runs; `state_dict` and `stats` read what the thread
+recorded, so they never race with it.
 
 State: the loader's own ``state_dict()`` describes the last batch it *fetched*,
-``depth`` batches ahead of the loop; restoring it would skip the queued batches.
-So each queued batch carries the loader's state taken right after it was
-fetched (and the loader's ``stats()`` then), and ``state_dict()`` returns the
+up to ``depth`` batches ahead of the loop; restoring it would skip the queued
+batches. So each queued batch carries the loader's state taken right after it
+was fetched (and the loader's ``stats()`` then), and ``state_dict()`` returns the
 one of the last batch *handed to the loop* (before the first hand-over: the
 state before the first fetch; after the loop saw the end: the loader's end
 state, which resumes into the next round, as the loader does).
 
 Trade-off: one ``loader.state_dict()`` per batch (a few KB of plain data; copied
-with ``num_workers=0``, where it could alias live node state) and
-``depth`` batches of device memory. Measured on 2 CPU cores, the bookkeeping
-costs ~0.1 ms per batch (`benchmarks/stall.py`), against the 10-100 ms a
-batch takes to produce; the copy itself is hidden behind the step.
+with ``num_workers=0``, where it could alias live node state) and ``depth``
+batches of memory (on the device when copying). An exception in the loader
+reaches the loop's ``next()`` with its original type and message.
 
 Rounds follow the loader: a new ``iter()`` after a finished loop starts the next
 round; breaking out and calling ``iter()`` again restarts the current one (if the
-prefetcher had already fetched the round's end, it reloads the round's start
-state so the loader does not move on to the next round behind the loop's back).
+thread had already fetched the round's end, the round's start state is reloaded
+so the loader does not move on to the next round behind the loop's back).
+Under torchrun with a finite epoch, the loader's per-step rank agreement then
+runs in the thread, on the loader's own gloo group (`rank_sync.py`).
 """
 
 from __future__ import annotations
 
 import copy
 import pickle
-from collections import deque
-from typing import Any, Deque, Dict, Iterator, NamedTuple, Optional, Union
+import queue
+import threading
+from typing import Any, Dict, Iterator, NamedTuple, Optional, Union
 
 import torch
 
@@ -53,6 +63,15 @@ class _Queued(NamedTuple):
     state: Dict[str, Any]
     stats: Optional[Dict[str, int]]
     event: Any  # torch.cuda.Event, or None on the pass-through path
+
+
+class _End(NamedTuple):
+    state: Dict[str, Any]
+    stats: Optional[Dict[str, int]]
+
+
+class _Failed(NamedTuple):
+    error: BaseException
 
 
 def _map_tensors(obj: Any, fn) -> Any:
@@ -78,30 +97,28 @@ def _each_tensor(obj: Any):
 
 
 class DevicePrefetcher:
-    """Iterate ``loader`` with ``depth`` batches copied ahead to ``device``.
+    """Iterate ``loader`` with ``depth`` batches fetched (and copied to ``device``) ahead, in a thread.
 
-    ``device=None`` picks ``"cuda"`` when available, else ``"cpu"`` (pass-through).
+    ``device=None`` picks ``"cuda"`` when available, else ``"cpu"`` (no copies).
     Build the loader with ``pin_memory=True`` so the copies are asynchronous;
     unpinned tensors are pinned here first (a host copy per batch).
     """
 
     def __init__(self, loader: Any, device: Union[str, torch.device, None] = None, depth: int = 2):
         if depth < 1:
-            raise ValueError(f"{depth=} must be >= 1 (the number of batches copied ahead)")
+            raise ValueError(f"{depth=} must be >= 1 (the number of batches fetched ahead)")
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"device={str(self.device)!r} but CUDA is not available; pass device='cpu' "
-                             "(or None) to run as a pass-through")
+                             "(or None) to run without copies")
         self.loader, self.depth = loader, depth
         self._stream = torch.cuda.Stream(device=self.device) if self.device.type == "cuda" else None
         # Only the in-process (num_workers=0) state aliases live node objects.
         self._copy_state = getattr(loader, "num_workers", 0) == 0
-        # Iteration bookkeeping lives here, not in the iterator: the iterator refers to
-        # this object, and a cycle would keep worker processes alive until a gc pass
-        # (which may then run in a freshly forked worker and fail there).
         self._generation = 0
+        self._fetcher: Optional[_Fetcher] = None
         self._start_state: Optional[Dict[str, Any]] = None
         self._loader_done = self._consumer_done = False
         self._handed_state: Optional[Dict[str, Any]] = None
@@ -109,16 +126,25 @@ class DevicePrefetcher:
 
     # --- iteration ---------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
+        self._stop_fetcher()
         if self._loader_done and not self._consumer_done:
-            # The loop broke out after we fetched the round's end: restart this round,
+            # The loop broke out after the thread fetched the round's end: restart this round,
             # as the bare loader would, instead of letting it move on to the next.
             self.loader.load_state_dict(self._start_state)
         self._generation += 1
+        # iter() in this thread: the DataLoader installs its worker-failure signal handler here.
         source = iter(self.loader)
         self._start_state = self._loader_state()  # before the first fetch of this iteration
         self._handed_state, self._handed_stats = self._start_state, self._loader_stats()
         self._loader_done = self._consumer_done = False
-        return _PrefetchIter(self, source, self._generation)
+        self._fetcher = _Fetcher(self, source)
+        self._fetcher.start()
+        return _PrefetchIter(self, self._fetcher, self._generation)
+
+    def _stop_fetcher(self) -> None:
+        if self._fetcher is not None:
+            self._fetcher.halt()
+            self._fetcher = None
 
     def _loader_state(self) -> Dict[str, Any]:
         state = self.loader.state_dict()
@@ -133,7 +159,7 @@ class DevicePrefetcher:
     def _to_device(self, batch: Any) -> _Queued:
         if self._stream is None:
             return _Queued(batch, self._loader_state(), self._loader_stats(), None)
-        with torch.cuda.stream(self._stream):
+        with torch.cuda.device(self.device), torch.cuda.stream(self._stream):
             moved = _map_tensors(batch, lambda t: (t if t.is_pinned() else t.pin_memory())
                                  .to(self.device, non_blocking=True))
             event = torch.cuda.Event()
@@ -159,6 +185,7 @@ class DevicePrefetcher:
 
     def load_state_dict(self, state: Dict[str, Any], **kwargs: Any) -> None:
         """Load into the loader (same checks, same ``kwargs``) and drop the queued batches."""
+        self._stop_fetcher()
         self.loader.load_state_dict(state, **kwargs)
         self._generation += 1
         self._loader_done = self._consumer_done = False
@@ -171,37 +198,81 @@ class DevicePrefetcher:
         return copy.deepcopy(self._handed_stats)
 
 
+class _Fetcher(threading.Thread):
+    """Fetches into ``ready`` while a slot is free; always ends with an `_End` or a `_Failed`."""
+
+    #: How often a thread waiting for a free slot checks whether it was told to stop.
+    POLL_S = 0.05
+
+    def __init__(self, owner: DevicePrefetcher, source: Iterator[Any]):
+        super().__init__(name="tokenloom-prefetch", daemon=True)
+        self.owner, self.source = owner, source
+        self.slots = threading.Semaphore(owner.depth)
+        self.ready: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        owner = self.owner
+        try:
+            while True:
+                while not self.slots.acquire(timeout=self.POLL_S):
+                    if self.stopping.is_set():
+                        return
+                if self.stopping.is_set():
+                    return
+                try:
+                    batch = next(self.source)
+                except StopIteration:
+                    owner._loader_done = True
+                    self.ready.put(_End(owner._loader_state(), owner._loader_stats()))
+                    return
+                self.ready.put(owner._to_device(batch))
+        except BaseException as e:  # noqa: BLE001 - handed to the loop's next(), which re-raises it
+            self.ready.put(_Failed(e))
+
+    def take(self) -> Any:
+        while True:
+            try:
+                return self.ready.get(timeout=1.0)
+            except queue.Empty:
+                if not self.is_alive() and self.ready.empty():
+                    raise RuntimeError("the prefetch thread stopped without a batch or an error; "
+                                       "iterate the prefetcher again") from None
+
+    def halt(self) -> None:
+        """Stop after the fetch in progress (if any) and wait for the thread."""
+        self.stopping.set()
+        if self is not threading.current_thread():
+            self.join()
+
+
 class _PrefetchIter:
-    def __init__(self, owner: DevicePrefetcher, source: Iterator[Any], generation: int):
-        self.owner, self.source, self.generation = owner, source, generation
-        self.queue: Deque[_Queued] = deque()
-        self._end: Optional[_Queued] = None
+    def __init__(self, owner: DevicePrefetcher, fetcher: _Fetcher, generation: int):
+        self.owner, self.fetcher, self.generation = owner, fetcher, generation
+        self._ended = False
 
     def __iter__(self) -> "_PrefetchIter":
         return self
-
-    def _fill(self) -> None:
-        owner = self.owner
-        while not owner._loader_done and len(self.queue) < owner.depth:
-            try:
-                batch = next(self.source)
-            except StopIteration:
-                owner._loader_done = True
-                self._end = _Queued(None, owner._loader_state(), owner._loader_stats(), None)
-                break
-            self.queue.append(owner._to_device(batch))
 
     def __next__(self) -> Any:
         owner = self.owner
         if owner._generation != self.generation:
             raise RuntimeError("this prefetch iterator is stale: iter() or load_state_dict() was called on the "
                                "prefetcher since; iterate the prefetcher again")
-        self._fill()
-        if not self.queue:
-            if self._end is not None and not owner._consumer_done:
-                owner._consumer_done = True
-                owner._handed_state, owner._handed_stats = self._end.state, self._end.stats
+        if self._ended:
             raise StopIteration
-        batch = owner._hand_over(self.queue.popleft())
-        self._fill()  # start the next copies before the step runs
-        return batch
+        item = self.fetcher.take()
+        if isinstance(item, _Failed):
+            self._ended = True
+            raise item.error
+        if isinstance(item, _End):
+            self._ended = owner._consumer_done = True
+            owner._handed_state, owner._handed_stats = item.state, item.stats
+            raise StopIteration
+        self.fetcher.slots.release()  # the thread fetches the next batch during this step
+        return owner._hand_over(item)
+
+    def __del__(self) -> None:
+        # A loop that drops its iterator must not leave the thread holding the loader.
+        if self.owner._generation == self.generation:
+            self.fetcher.stopping.set()

@@ -47,15 +47,15 @@ class TorchDistSync:
 
 
 def gloo_sync_from_dist() -> Optional[TorchDistSync]:
-    """A `TorchDistSync` when torch.distributed is initialized (a gloo group is created if
-    the default backend is not gloo, since the flag lives on the CPU); None otherwise.
-    Every rank must call this at the same point, as with any group creation."""
+    """A `TorchDistSync` on a gloo group of its own when torch.distributed is initialized
+    (the flag lives on the CPU); None otherwise. A group of its own, even when the default
+    backend is gloo: the loader may agree from a prefetch thread while the training loop
+    runs collectives on the default group, and two threads must never interleave calls on
+    one group. Every rank must call this at the same point, as with any group creation."""
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
         return None
-    if dist.get_backend() == "gloo":
-        return TorchDistSync(None)
     return TorchDistSync(dist.new_group(backend="gloo"))
 
 

@@ -148,3 +148,53 @@ def test_cuda_batches_land_on_the_device_and_equal_the_cpu_ones(corpus, tok_path
     resumed.load_state_dict(pf.state_dict())
     rest = [{k: v.cpu() for k, v in b.items()} for b in take(iter(resumed), 4)]
     assert all(items_equal(a, b) for a, b in zip(ref[6:10], rest))
+
+
+class Boom:
+    """A loader whose third batch raises (what a bad file or a user node does inside the loader)."""
+
+    num_workers = 0
+
+    def __init__(self):
+        self.n = 0
+
+    def __iter__(self):
+        self.n = 0
+        return self
+
+    def __next__(self):
+        self.n += 1
+        if self.n == 3:
+            raise KeyError("row 17 of part-003.parquet has no 'text'")
+        return {"x": torch.tensor([self.n])}
+
+    def state_dict(self):
+        return {"n": self.n}
+
+    def load_state_dict(self, state):
+        self.n = state["n"]
+
+
+def test_an_error_in_the_loader_reaches_the_loop_with_its_message():
+    it = iter(DevicePrefetcher(Boom(), device="cpu", depth=4))
+    assert [int(next(it)["x"]) for _ in range(2)] == [1, 2]
+    with pytest.raises(KeyError, match="row 17 of part-003.parquet"):
+        next(it)
+    with pytest.raises(StopIteration):  # and the iterator stays ended, it does not hang
+        next(it)
+
+
+def test_the_fetch_thread_stops_when_the_loop_drops_its_iterator(corpus, tok_path):
+    import gc
+    import threading
+
+    pf = prefetched(loader_builder(corpus, tok_path), depth=2)()
+    it = iter(pf)
+    take(it, 2)
+    thread = pf._fetcher
+    assert thread.is_alive()
+    del it
+    gc.collect()
+    thread.join(timeout=10)
+    assert not thread.is_alive()
+    assert not any(t.name == "tokenloom-prefetch" and t.is_alive() for t in threading.enumerate())
