@@ -35,6 +35,7 @@ class Progress:
         self._done = 0
         self._tokens = 0
         self._closed = False
+        self._first: Optional[float] = None  # seconds to the first batch
 
     def _line(self) -> str:
         elapsed = time.perf_counter() - self.t0
@@ -42,15 +43,21 @@ class Progress:
         text = f"{self.label} {self._done}"
         if self.total:
             filled = int(WIDTH * min(self._done, self.total) / self.total)
-            eta = (self.total - self._done) * elapsed / self._done if self._done else 0.0
+            # From the second batch on: the first one carries worker start-up and would inflate the estimate.
+            if self._done >= 2 and self._first is not None:
+                eta = f"{(self.total - self._done) * (elapsed - self._first) / (self._done - 1):4.0f}s"
+            else:
+                eta = "   ?"
             text = (f"{self.label} [{'#' * filled}{'.' * (WIDTH - filled)}] {self._done}/{self.total} batches "
-                    f"{rate / 1e3:7.1f}k tok/s  {elapsed:5.1f}s  eta {eta:4.0f}s")
+                    f"{rate / 1e3:7.1f}k tok/s  {elapsed:5.1f}s  eta {eta}")
         else:
             text += f" batches {rate / 1e3:7.1f}k tok/s  {elapsed:5.1f}s"
         return text
 
     def update(self, done: int, tokens: int) -> None:
         self._done, self._tokens = done, tokens
+        if self._first is None:
+            self._first = time.perf_counter() - self.t0
         if not self.enabled:
             return
         now = time.perf_counter()
