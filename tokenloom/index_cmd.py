@@ -26,7 +26,7 @@ def run_index(args: argparse.Namespace) -> int:
 def register(subparsers: Any, common: Optional[argparse.ArgumentParser] = None) -> None:
     p = subparsers.add_parser("index", parents=[common] if common is not None else [],
                               help="index a parquet source so loaders start without reading every footer",
-                              description=__doc__.split("\n\n")[1].replace("\n", " "))
+                              description=__doc__.split("\n\n")[1].replace("\n", " ").replace("`", ""))
     p.add_argument("spec", metavar="PATH_OR_GLOB", help="a parquet file, directory, glob or URI (quote globs)")
     p.add_argument("--out", default=None, help="where to write the index (path or URI); default: "
                                                 "_tokenloom_index.json in the directory the spec resolves under")
