@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import List, Optional, Sequence
+from typing import Optional, Sequence
 
 from . import demo_cmd, inspect_cmd, run_cmd, state_cmd
 
@@ -49,7 +49,8 @@ def one_line(e: BaseException) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = Parser(prog="tokenloom", description=__doc__.split("\n\n")[0].rstrip("."))
+    parser = Parser(prog="tokenloom", description="Packed, mixed, exactly resumable token batches for LLM "
+                    "training: try the loader on the embedded demo or on your files.")
     parser.add_argument("--debug", action="store_true", help="show full tracebacks")
     # Also accepted after the subcommand (tokenloom run ... --debug), where people type it.
     common = Parser(add_help=False)

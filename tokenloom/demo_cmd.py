@@ -30,14 +30,16 @@ WEIGHTS = {"code": 0.7, "prose": 0.3}
 def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("demo", parents=[common], description=__doc__.split("\n\n")[0],
                        help="mix two embedded sources, checkpoint half way, resume, check it is exact, summarize")
-    p.add_argument("--steps", type=int, default=1500, help="batches in the whole run (default: %(default)s)")
-    p.add_argument("--seq-len", type=int, default=1024, help="(default: %(default)s)")
-    p.add_argument("--batch-size", type=int, default=8, help="(default: %(default)s)")
-    p.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1), help="(default: %(default)s)")
+    p.add_argument("--steps", type=int, default=1500, metavar="N",
+                   help="batches in the whole run (default: %(default)s)")
+    p.add_argument("--seq-len", type=int, default=1024, metavar="N", help="(default: %(default)s)")
+    p.add_argument("--batch-size", type=int, default=8, metavar="N", help="(default: %(default)s)")
+    p.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1), metavar="N",
+                   help="loader worker processes (default: %(default)s)")
     p.add_argument("--max-docs", type=int, default=None, metavar="N",
                    help="use at most N documents per source (default: all; smaller is faster to build)")
-    p.add_argument("--out", default="out/demo", help="corpus and PNG go here (default: %(default)s)")
-    p.add_argument("--plot", metavar="PNG", help="where to draw the figures (default: OUT/summary.png)")
+    p.add_argument("--out", default="out/demo", metavar="DIR", help="corpus and PNG go here (default: %(default)s)")
+    p.add_argument("--plot", metavar="PNG", help="where to draw the figures (default: DIR/summary.png)")
     p.set_defaults(run=demo)
 
 

@@ -16,9 +16,9 @@ import sys
 from typing import Any, List, Tuple
 
 from .cli_config import add_loader_arguments, build_loader, describe, merged_settings, tokenizer_path
+from .summary import IGNORE
 
 SEGMENT = " ‖ "
-IGNORE = -100
 GREEN, DIM, RESET = "\x1b[32m", "\x1b[2m", "\x1b[0m"
 
 
