@@ -79,7 +79,9 @@ def build_manifest(spec: str, files: Sequence[SourceFile], column: Optional[str]
             check_column(f, footer, column, None)
         schema = schemas.setdefault(footer.columns, len(schemas))
         entries.append({K_NAME: f.name, K_SIZE: f.size, K_ROW_GROUPS: list(footer.row_groups), K_SCHEMA: schema})
-    return {K_FORMAT: FORMAT, K_VERSION: VERSION, K_SPEC: _redact(spec, spec), K_COLUMN: column,
+    # Absolute, so the "re-run `tokenloom index SPEC`" hint works from any directory.
+    shown_spec = _redact(spec, spec) if "://" in spec else os.path.abspath(os.path.expanduser(spec))
+    return {K_FORMAT: FORMAT, K_VERSION: VERSION, K_SPEC: shown_spec, K_COLUMN: column,
             K_SCHEMAS: [[list(c) for c in cols] for cols in schemas], K_FILES: entries}
 
 
