@@ -27,6 +27,7 @@ the current round; keep one iterator to continue a stream.
 from __future__ import annotations
 
 import copy
+import pickle
 import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence
@@ -40,7 +41,7 @@ from .wire import WireBatch, unwrap
 from .worker_memory import settle_worker_malloc
 
 #: Bumped whenever the layout of a saved state changes incompatibly.
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: per-source skipped counts in the statistics; best-fit max_wait = buffer_size
 STATE_FORMAT = "tokenloom.loader"
 
 #: Batches may carry their worker's cumulative statistics under this key; the loader
@@ -92,6 +93,7 @@ class NodeDataset(IterableDataset):
         self._root = None
         self._root_round: Optional[int] = None
         self._active_round = 0
+        self._failed: Optional[Exception] = None
 
     def _context(self, round_: int) -> ShardContext:
         info = get_worker_info()
@@ -102,10 +104,19 @@ class NodeDataset(IterableDataset):
         return ShardContext(self.rank, self.world_size, worker, self.num_workers, round_)
 
     def _start(self, round_: int, node_state: Optional[Dict[str, Any]]) -> None:
-        if self._root is None or self._root_round != round_:
-            self._root = self.factory(self._context(round_))
-            self._root_round = round_
-        self._root.reset(node_state)
+        self._failed = None
+        try:
+            if self._root is None or self._root_round != round_:
+                self._root = self.factory(self._context(round_))
+                self._root_round = round_
+            self._root.reset(node_state)
+        except Exception as e:
+            if get_worker_info() is None:
+                raise
+            # Raised here, in a worker's startup, the error would surface while the loader
+            # builds its iterator, where tokenloom cannot reach the workers to stop them; at
+            # the first batch it passes through _StatsIterator, which does.
+            self._failed = e
         self._active_round = round_
 
     def __iter__(self) -> "NodeDataset":
@@ -113,6 +124,8 @@ class NodeDataset(IterableDataset):
         return self
 
     def __next__(self):
+        if self._failed is not None:
+            _raise_portable(self._failed)
         try:
             batch = next(self._root)
         except StopIteration:
@@ -121,11 +134,15 @@ class NodeDataset(IterableDataset):
             if get_worker_info() is not None:
                 self.round = self._active_round + 1
             raise
+        except Exception as e:
+            _raise_portable(e)
         # Numpy crosses the process boundary ~5x cheaper than tensors (see wire.py).
         return WireBatch(batch) if get_worker_info() is not None else batch
 
     def state_dict(self) -> Dict[str, Any]:
-        return {self.ROUND: self._active_round, self.NODE: self._root.state_dict()}
+        # A graph that failed to build has no position (its error comes with the first batch).
+        node = None if self._failed is not None else self._root.state_dict()
+        return {self.ROUND: self._active_round, self.NODE: node}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         if not isinstance(state, Mapping) or set(state) != {self.ROUND, self.NODE}:
@@ -184,7 +201,7 @@ class TokenLoomLoader(StatefulDataLoader):
     EARLIER = "earlier_rounds"
 
     def __init__(self, factory: GraphFactory, *, config: Mapping[str, Any], rank: int = 0, world_size: int = 1,
-                 num_workers: int = 0, stats_keys: Sequence[str] = (),
+                 num_workers: int = 0, stats_keys: Sequence[str] = (), stats_min_keys: Sequence[str] = (),
                  stats_view: Optional[Callable[[Dict[str, int], int], Dict[str, Any]]] = None,
                  rank_sync: Optional[Any] = None, padding_batch: Optional[Callable[[], Any]] = None,
                  **loader_kwargs: Any):
@@ -208,6 +225,9 @@ class TokenLoomLoader(StatefulDataLoader):
                              **loader_kwargs)
         self.config = dict(config)
         self.stats_keys = tuple(stats_keys)
+        # Counters every worker advances on its own shard (passes over a source): the loader's
+        # figure is the least of them, not their sum.
+        self._min_at = [i for i, k in enumerate(self.stats_keys) if k in set(stats_min_keys)]
         self.stats_view = stats_view
         self._worker_stats: Dict[str, List[int]] = {}
         self._earlier_rounds: List[int] = [0] * len(self.stats_keys)  # counters of finished rounds
@@ -240,19 +260,25 @@ class TokenLoomLoader(StatefulDataLoader):
         loop (summed over workers); checkpointed with the state. Recipes shape them
         (pretrain: packing figures plus per-source tokens, documents, epochs, target
         and share); `tokenloom.pipes.stats.format_stats` prints them as a table."""
-        totals = dict(zip(self.stats_keys, self._earlier_rounds))
-        for vec in self._worker_stats.values():
-            for k, v in zip(self.stats_keys, vec):
-                totals[k] += v
+        now = self._combine(self._worker_stats.values())
+        totals = {k: a + b for k, a, b in zip(self.stats_keys, self._earlier_rounds, now)}
         out: Dict[str, Any] = self.stats_view(totals, self._steps) if self.stats_view else totals
         if self.rank_sync is not None:
             out["rank_padding_batches"] = self._padding_batches
         return out
 
+    def _combine(self, vectors) -> List[int]:
+        """The workers' counter vectors as one: summed, except the ``stats_min_keys`` (least)."""
+        vectors = list(vectors)
+        out = [sum(col) for col in zip(*vectors)] if vectors else [0] * len(self.stats_keys)
+        for i in self._min_at:
+            out[i] = min(v[i] for v in vectors) if vectors else 0
+        return out
+
     def _next_round(self) -> None:
-        # Worker graphs restart their counters with every round: keep the finished rounds' sums.
-        for vec in self._worker_stats.values():
-            self._earlier_rounds = [a + b for a, b in zip(self._earlier_rounds, vec)]
+        # Worker graphs restart their counters with every round: keep the finished rounds' totals.
+        now = self._combine(self._worker_stats.values())
+        self._earlier_rounds = [a + b for a, b in zip(self._earlier_rounds, now)]
         self._worker_stats = {}
         self._steps = 0
 
@@ -290,6 +316,11 @@ class TokenLoomLoader(StatefulDataLoader):
             )
         check_config(meta[self.CONFIG], self.config, ignore=("weights",) if allow_weight_change else ())
         inner = state_dict[self.LOADER]
+        n = len(self.stats_keys)
+        bad = {w: len(v) for w, v in meta[self.STATS].items() if len(v) != n}
+        if bad or len(meta[self.EARLIER]) != n:
+            raise ValueError(f"loader state carries statistics of another layout (counters per worker {bad}, "
+                             f"this loader counts {n}: {list(self.stats_keys)}); was it saved by another recipe?")
         self._worker_stats = copy.deepcopy(meta[self.STATS])
         self._padding_batches = int(meta[self.PADDING_BATCHES])
         self._steps = int(meta[self.STEPS])
@@ -318,11 +349,27 @@ class _StatsIterator:
 
     def _next_kept(self):
         while True:
-            batch = unwrap(next(self._it))
+            try:
+                batch = unwrap(next(self._it))
+            except StopIteration:
+                raise
+            except Exception:
+                self._stop_workers()
+                raise
             if isinstance(batch, dict) and DROP_KEY in batch:
                 self._loader._see(batch, count=False)
                 continue
             return batch
+
+    def _stop_workers(self) -> None:
+        # The graph failed: stop the workers now. Left to a later gc pass (the traceback holds
+        # the iterator in a cycle), the queues close first and the shutdown then waits 5 s per
+        # worker for an exit signal it can no longer send (10 s with 2 workers, measured).
+        shutdown = getattr(self._it, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
+            if self._loader._iterator is self._it:
+                self._loader._iterator = None  # persistent workers: the next iter() starts fresh ones
 
     def __next__(self):
         loader = self._loader
@@ -351,6 +398,19 @@ class _StatsIterator:
 
 def _identity(x):
     return x
+
+
+def _raise_portable(e: Exception) -> None:
+    """Re-raise ``e``; in a worker, as a `RuntimeError` with its type and message when its
+    class cannot be pickled. The DataLoader sends an error's class to the main process by
+    reference; one defined inside a function fails to pickle in the queue's feeder thread,
+    and the training loop would wait forever for a batch that never comes."""
+    if get_worker_info() is not None:
+        try:
+            pickle.dumps(type(e))
+        except Exception:
+            raise RuntimeError(f"{type(e).__module__}.{type(e).__qualname__}: {e}") from e
+    raise e
 
 
 class WorkerInit:

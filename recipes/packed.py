@@ -294,4 +294,5 @@ def packed_loader(
     padding = functools.partial(collate_rows, [], batch_size=batch_size, seq_len=seq_len, pad_id=pad_id)
     return TokenLoomLoader(graph, config=config, rank=rank, world_size=world_size, num_workers=num_workers,
                            stats_keys=stat_keys(names, chat is not None), stats_view=PackedStatsView(names, schedule),
+                           stats_min_keys=[f"source/{n}/epochs" for n in names],
                            rank_sync=rank_sync, padding_batch=padding, **dict(loader_kwargs))

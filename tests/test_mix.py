@@ -113,6 +113,10 @@ def test_token_shares_with_two_workers(sources, tok_path):
     counted = _identify(batches, load_encoder(tok_path))
     assert counted == {n: s["tokens"] for n, s in stats["sources"].items()}, (counted, stats)
     assert stats["sources"]["c"]["epochs"] >= 1  # the small source cycled to keep its share
+    # a pass over a source is every worker's pass over its own shard: the least, not the sum
+    keys = list(loader.stats_keys)
+    per_worker = [vec[keys.index("source/c/epochs")] for vec in loader.worker_stats().values()]
+    assert len(per_worker) == 2 and stats["sources"]["c"]["epochs"] == min(per_worker)
     table = format_stats(stats)
     assert "a " in table and "share" in table
 
