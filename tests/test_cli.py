@@ -19,12 +19,13 @@ import torch
 from tokenloom.cli import main
 from tokenloom.cli_config import SETTINGS
 from tokenloom.inspect_cmd import render_row
+from tokenloom.pipes.loader import STATE_VERSION
 from tokenloom.recipes import pretrain, sft
 
 from .conftest import synthetic_texts, write_corpus
 from .test_sft import conversation, write_jsonl
 
-SMALL = ["--seq-len", "32", "--batch-size", "2", "--buffer-size", "40"]
+SMALL = ["--seq-len", "32", "--batch-size", "2", "--buffer-size", "40", "--tokenizer", "demo"]
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +92,7 @@ def test_run_summary_has_shares_waste_and_state_size(two_sources, tmp_path, caps
 def test_run_to_the_end_of_an_epoch(two_sources, tok_path, tmp_path):
     corpus = two_sources[0].split("=", 1)[1]
     dump = str(tmp_path / "all.pt")
-    assert main(["run", corpus, "--seq-len", "256", "--batch-size", "8", "--epochs", "1", "--quiet",
+    assert main(["run", corpus, "--tokenizer", "demo", "--seq-len", "256", "--batch-size", "8", "--epochs", "1", "--quiet",
                  "--dump-batches", dump]) == 0
     batches = torch.load(dump, weights_only=True)
     want = list(pretrain(corpus, tokenizer=tok_path, seq_len=256, batch_size=8, epochs=1))
@@ -117,7 +118,7 @@ def test_demo_runs_to_its_summary_and_writes_the_png(tmp_path, capsys):
 def test_inspect_shows_segments_and_padding(tmp_path, capsys):
     texts = [f"doc{i} " + "word " * (3 + i) for i in range(6)]
     path = write_corpus(str(tmp_path / "tiny"), texts, files=1)[0]
-    assert main(["inspect", path, "--seq-len", "128", "--batch-size", "2", "--epochs", "1", "--rows", "1"]) == 0
+    assert main(["inspect", path, "--tokenizer", "demo", "--seq-len", "128", "--batch-size", "2", "--epochs", "1", "--rows", "1"]) == 0
     out = capsys.readouterr().out
     row = out.splitlines()[-1]
     assert row.count(" ‖ ") == 5, row  # six documents in one row
@@ -127,7 +128,7 @@ def test_inspect_shows_segments_and_padding(tmp_path, capsys):
 
 
 def test_inspect_sft_shows_the_trained_span(chats, capsys):
-    assert main(["inspect", "--recipe", "sft", chats, "--seq-len", "128", "--batch-size", "2", "--rows", "2",
+    assert main(["inspect", "--recipe", "sft", chats, "--tokenizer", "demo", "--seq-len", "128", "--batch-size", "2", "--rows", "2",
                  "--chars", "2000", "--color", "never"]) == 0
     out = capsys.readouterr().out
     rows = "\n".join(line for line in out.splitlines() if line.startswith("  "))
@@ -152,7 +153,7 @@ def test_state_prints_configuration_and_worker_positions(two_sources, tmp_path, 
     capsys.readouterr()
     assert main(["state", path]) == 0
     out = capsys.readouterr().out
-    for text in ("tokenloom.loader version 1", "world size 1, rank 0", "2 workers, seq_len 32, batch size 2",
+    for text in (f"tokenloom.loader version {STATE_VERSION}", "world size 1, rank 0", "2 workers, seq_len 32, batch size 2",
                  "packing bestfit (buffer 40)", "tokenizer", "from step 0: a 0.600, b 0.400",
                  "round 0, 5 batches handed to the training loop", "the next batch comes from worker 1",
                  "worker 0: round 0, 3 batches built", "worker 1: round 0, 2 batches built", "packer bestfit"):
@@ -179,12 +180,13 @@ def test_state_reads_a_trainer_checkpoint_holding_the_loader_state(two_sources, 
 
 @pytest.mark.parametrize("argv,needle", [
     (["run", "--seq-len", "abc", "x"], "invalid int value: 'abc'"),
-    (["run", "/nonexistent/dir/x.parquet"], "/nonexistent/dir/x.parquet"),
-    (["run", "{corpus}", "--seq-len", "0"], "seq_len=0"),
-    (["run", "{corpus}", "--resume", "/nonexistent/state.pt"], "/nonexistent/state.pt"),
+    (["run", "/nonexistent/dir/x.parquet", "--tokenizer", "demo"], "/nonexistent/dir/x.parquet"),
+    (["run", "{corpus}", "--tokenizer", "demo", "--seq-len", "0"], "seq_len=0"),
+    (["run", "{corpus}", "--tokenizer", "demo", "--resume", "/nonexistent/state.pt"], "/nonexistent/state.pt"),
+    (["run", "{corpus}"], "no tokenizer: pass --tokenizer PATH"),
     (["state", "/nonexistent/state.pt"], "no such file"),
-    (["run", "a={corpus}", "b={corpus}", "--weights", "a=1", "c=1"], "'c'"),
-    (["run", "{corpus}", "--messages-field", "m"], "--recipe sft"),
+    (["run", "a={corpus}", "b={corpus}", "--tokenizer", "demo", "--weights", "a=1", "c=1"], "'c'"),
+    (["run", "{corpus}", "--tokenizer", "demo", "--messages-field", "m"], "--recipe sft"),
     (["run", "{corpus}", "--config", "/nonexistent/run.toml"], "run.toml"),
     (["nosuchcommand"], "nosuchcommand"),
 ])
@@ -198,7 +200,7 @@ def test_errors_are_one_line_with_exit_code_2(corpus, capsys, argv, needle):
 
 @pytest.mark.parametrize("where", ["before", "after"])
 def test_debug_lets_the_exception_through(corpus, where):
-    argv = ["run", corpus[0], "--seq-len", "0"]
+    argv = ["run", corpus[0], "--tokenizer", "demo", "--seq-len", "0"]
     argv = ["--debug", *argv] if where == "before" else [*argv, "--debug"]
     with pytest.raises(ValueError, match="seq_len=0"):
         main(argv)
@@ -217,7 +219,7 @@ def test_toml_config_is_read_and_flags_override_it(two_sources, tmp_path, capsys
     a, b = (s.split("=", 1)[1] for s in two_sources[:2])
     cfg = tmp_path / "conf" / "run.toml"
     cfg.parent.mkdir()
-    cfg.write_text(f'seq-len = 32\nbatch_size = 3\nsteps = 2\nbuffer_size = 40\n'
+    cfg.write_text(f'seq-len = 32\nbatch_size = 3\nsteps = 2\nbuffer_size = 40\ntokenizer = "demo"\n'
                    f'[sources]\na = "{os.path.relpath(a, cfg.parent)}"\nb = ["{b}"]\n'
                    f'[weights]\na = 0.5\nb = 0.5\n')
     dump = str(tmp_path / "b.pt")

@@ -31,6 +31,16 @@ def take(it, n):
     return [next(it) for _ in range(n)]
 
 
+def wait_until_full(pf, timeout=30.0):
+    """Until the fetch thread holds ``depth`` batches and waits for a free slot (it then leaves the loader alone)."""
+    import time
+
+    end = time.monotonic() + timeout
+    while pf._fetcher.ready.qsize() < pf.depth:
+        assert time.monotonic() < end, "the prefetch thread did not fill its queue"
+        time.sleep(0.01)
+
+
 @pytest.mark.parametrize("num_workers,depth", [(0, 2), (0, 3), (2, 2), (2, 3)])
 def test_resume_is_exact_after_each_handed_batch(corpus, tok_path, num_workers, depth):
     make = loader_builder(corpus, tok_path, num_workers=num_workers)
@@ -51,6 +61,7 @@ def test_the_loader_itself_runs_ahead(corpus, tok_path, num_workers):
     pf = prefetched(make, depth=3)()
     it = iter(pf)
     take(it, 4)
+    wait_until_full(pf)
     ahead = make()
     ahead.load_state_dict(pf.loader.state_dict())
     assert items_equal(take(iter(ahead), 1)[0], ref[4 + 3])

@@ -149,10 +149,11 @@ def _torchrun(*args, timeout=120):
         pytest.fail(f"torchrun {args[0]} did not finish in {timeout}s (a rank hangs?):\n{err[-3000:]}")
     assert proc.returncode == 0, f"torchrun {args[0]} failed ({proc.returncode}):\n{err[-4000:]}"
     infos = {}
-    for line in out.splitlines():
-        if line.startswith("{"):
-            info = json.loads(line)
-            infos[info["rank"]] = info
+    decoder, at = json.JSONDecoder(), out.find("{")
+    while at >= 0:  # the ranks share one pipe: their lines may run together
+        info, end = decoder.raw_decode(out, at)
+        infos[info["rank"]] = info
+        at = out.find("{", end)
     assert set(infos) == {0, 1}, f"expected a summary from each rank, got:\n{out}"
     return infos
 

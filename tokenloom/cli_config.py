@@ -71,10 +71,13 @@ class Setting:
         return "--" + self.key.replace("_", "-")
 
 
+#: The --tokenizer value that picks the shipped demo tokenizer.
+DEMO_TOKENIZER = "demo"
+
 SETTINGS: Tuple[Setting, ...] = (
     Setting("recipe", None, str, "what to build (default: pretrain)", choices=RECIPES),
-    Setting("tokenizer", "tokenizer", str, "path to tokenizer.json (default: the shipped 4096-id demo tokenizer)",
-            path=True),
+    Setting("tokenizer", "tokenizer", str, f"path to tokenizer.json, or {DEMO_TOKENIZER!r} for the shipped "
+            "4096-id demo tokenizer (required: a model trained on the wrong tokenizer is wasted)", path=True),
     Setting("seq_len", "seq_len", int, "tokens per row (T)"),
     Setting("batch_size", "batch_size", int, "rows per batch (B)"),
     Setting("packing", "packing", str, "how documents fill rows", choices=PACKINGS),
@@ -196,7 +199,7 @@ def read_toml(path: str) -> Dict[str, Any]:
 
 
 def _relative_to(base: str, path: str) -> str:
-    if _URI.match(path) or os.path.isabs(path):
+    if _URI.match(path) or os.path.isabs(path) or path == DEMO_TOKENIZER:
         return path
     return os.path.join(base, path)
 
@@ -238,9 +241,9 @@ def recipe_kwargs(settings: Mapping[str, Any]) -> Tuple[str, Callable[..., Any],
     if "sources" not in settings:
         raise ValueError("no sources: give name=path or path arguments, or [sources] in a --config file")
     fn = pretrain if recipe == "pretrain" else sft
-    kwargs: Dict[str, Any] = {"tokenizer": tokenizer_path(settings)}
+    kwargs: Dict[str, Any] = {}
     for s in SETTINGS:
-        if s.key not in settings or s.kwarg is None:
+        if s.key not in settings or s.kwarg is None or s.key == "tokenizer":
             continue
         if recipe not in s.recipes:
             raise ValueError(f"{s.flag} {settings[s.key]!r} applies to recipe {'/'.join(s.recipes)}, "
@@ -248,14 +251,19 @@ def recipe_kwargs(settings: Mapping[str, Any]) -> Tuple[str, Callable[..., Any],
         kwargs[s.kwarg] = settings[s.key]
     if "weights" in settings:
         kwargs["weights"] = settings["weights"]
+    kwargs["tokenizer"] = tokenizer_path(settings)
     return recipe, fn, kwargs
 
 
 def tokenizer_path(settings: Mapping[str, Any]) -> str:
-    """--tokenizer, else the shipped demo tokenizer."""
+    """--tokenizer; ``demo`` names the shipped demo tokenizer."""
     from tokenloom.sample_data import default_tokenizer_path
 
-    return settings.get("tokenizer") or default_tokenizer_path()
+    value = settings.get("tokenizer")
+    if not value:
+        raise ValueError(f"no tokenizer: pass --tokenizer PATH to your tokenizer.json (or --tokenizer {DEMO_TOKENIZER} "
+                         "for the shipped 4096-id demo tokenizer, for trying tokenloom out)")
+    return default_tokenizer_path() if value == DEMO_TOKENIZER else value
 
 
 def steps_to_take(settings: Mapping[str, Any]) -> Optional[int]:
