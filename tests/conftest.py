@@ -56,4 +56,4 @@ def corpus(tmp_path_factory):
 def real_corpus(tmp_path_factory):
     """The standard library's sources and docstrings as two parquet sources."""
     root = tmp_path_factory.mktemp("stdlib")
-    return build_demo_corpus(str(root), max_docs_per_source=1200)
+    return build_demo_corpus(str(root), max_docs_per_source=500)

@@ -1,6 +1,6 @@
-"""Run by test_fresh_process.py in a new interpreter: save a state, or resume from one.
+"""Run by test_fresh_process.py in a new interpreter: resume from a saved state.
 
-usage: fresh_process_resume.py save|resume STATE_FILE OUT_FILE NUM_WORKERS STEPS SOURCES...
+usage: fresh_process_resume.py resume STATE_FILE OUT_FILE NUM_WORKERS STEPS SOURCES...
 """
 
 import sys
@@ -18,15 +18,12 @@ def build(sources, num_workers):
 
 def main():
     mode, state_file, out_file, num_workers, steps, *sources = sys.argv[1:]
+    if mode != "resume":
+        raise SystemExit(f"unknown mode {mode!r}; usage: {__doc__.split('usage: ')[1]}")
     loader = build(sources, int(num_workers))
-    if mode == "save":
-        it = iter(loader)
-        batches = [next(it) for _ in range(int(steps))]
-        torch.save(loader.state_dict(), state_file)
-    else:
-        loader.load_state_dict(torch.load(state_file, weights_only=True))
-        it = iter(loader)
-        batches = [next(it) for _ in range(int(steps))]
+    loader.load_state_dict(torch.load(state_file, weights_only=True))
+    it = iter(loader)
+    batches = [next(it) for _ in range(int(steps))]
     torch.save(batches, out_file)
 
 

@@ -1,5 +1,6 @@
 """The issue's acceptance run: a real corpus, a state saved after k batches with torch.save in
-one process, loaded in a new process into a new loader: the next batches are bitwise identical."""
+this process, loaded in a new process into a new loader: the next batches are bitwise identical
+to the ones this process went on to produce."""
 
 from __future__ import annotations
 
@@ -18,12 +19,15 @@ SCRIPT = os.path.join(os.path.dirname(__file__), "fresh_process_resume.py")
 def test_resume_in_a_new_process_on_the_stdlib_corpus(tmp_path, real_corpus, num_workers):
     sources = real_corpus["code"] + real_corpus["prose"]
     k, n = 7, 6
-    it = iter(build(sources, num_workers))
-    reference = [next(it) for _ in range(k + n)]
-    state, head, tail = (str(tmp_path / f) for f in ("state.pt", "head.pt", "tail.pt"))
-    run_in_fresh_process(SCRIPT, "save", state, head, str(num_workers), str(k), *sources)
+    loader = build(sources, num_workers)
+    it = iter(loader)
+    head = [next(it) for _ in range(k)]
+    state, tail = str(tmp_path / "state.pt"), str(tmp_path / "tail.pt")
+    torch.save(loader.state_dict(), state)  # mid-stream: the uninterrupted run goes on below
+    reference = head + [next(it) for _ in range(n)]
+    del it, loader
     run_in_fresh_process(SCRIPT, "resume", state, tail, str(num_workers), str(n), *sources)
-    got = torch.load(head, weights_only=True) + torch.load(tail, weights_only=True)
+    got = head + torch.load(tail, weights_only=True)
     for i, (want, have) in enumerate(zip(reference, got)):
         assert items_equal(want, have), f"batch {i} differs ({'after' if i >= k else 'before'} the resume)"
     assert len(got) == k + n

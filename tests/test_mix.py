@@ -36,11 +36,18 @@ def sources(tmp_path_factory):
     return out
 
 
-def branches(sources, tok_path, shard=0, num_shards=1):
-    enc = load_encoder(tok_path)
+@pytest.fixture(scope="module")
+def listed(sources, tok_path):
+    """The tokenizer and the units of each source, loaded once: the nodes built from them are fresh
+    at every restore, as in a worker; reading footers and the tokenizer file each time only costs time."""
+    return load_encoder(tok_path), {name: list_parquet_units(resolve_files(path), "text")
+                                    for name, path in sources.items()}
+
+
+def branches(listed, shard=0, num_shards=1):
+    enc, units_of = listed
     out = {}
-    for name, path in sources.items():
-        units = list_parquet_units(resolve_files(path), "text")
+    for name, units in units_of.items():
         node = ShardUnits(units.rows, shard=shard, num_shards=num_shards, seed=1)
         out[name] = Tokenize(ReadParquet(node, units, source=name, seed=1), enc, bos=0)
     return out
@@ -63,22 +70,22 @@ CASES = [
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items() if k != "weights"))
-def test_every_strategy_and_stop_rule_resumes_at_every_step(sources, tok_path, case):
+def test_every_strategy_and_stop_rule_resumes_at_every_step(listed, case):
     limit = 1500 if case.get("stop") else 300
-    n = check_node_resume(lambda: Mix(branches(sources, tok_path), **case), max_steps=limit, horizon=3)
+    n = check_node_resume(lambda: Mix(branches(listed), **case), max_steps=limit, horizon=3)
     assert n > 50
     if case.get("stop") in ("first_exhausted", "all_exhausted"):
         assert n < limit, "a stop rule must end the stream"
 
 
-def test_stop_rules_count_documents(sources, tok_path):
+def test_stop_rules_count_documents(listed):
     """all_exhausted without cycling: every document exactly once; first_exhausted: ends when
     the smallest source (c, 80 docs) is done under round robin."""
-    mix = Mix(branches(sources, tok_path), strategy="round_robin", stop="all_exhausted", cycle_exhausted=False)
+    mix = Mix(branches(listed), strategy="round_robin", stop="all_exhausted", cycle_exhausted=False)
     mix.reset(None)
     docs = list(mix)
     assert len(docs) == sum(SOURCES.values())
-    mix = Mix(branches(sources, tok_path), strategy="round_robin", stop="first_exhausted")
+    mix = Mix(branches(listed), strategy="round_robin", stop="first_exhausted")
     mix.reset(None)
     stats = (list(mix), mix.source_stats())[1]
     # a comes before c in every round: it has one more when c turns out to be exhausted

@@ -53,7 +53,8 @@ def test_packers(parts, packer):
     units, enc = parts
 
     def build():
-        tok = Tokenize(_reader(units, epochs=1), enc, bos=0, batch_docs=16)
+        # a quarter of the corpus: every step is restored, and each restore re-tokenizes its window
+        tok = Tokenize(_reader(units, shard=1, num_shards=4, epochs=1), enc, bos=0, batch_docs=16)
         if packer == "flat":
             return FlatPack(tok, seq_len=63, pad_id=2)
         return BestFitPack(tok, seq_len=63, buffer_size=40, pad_id=2, max_wait=60, mode=packer)
@@ -79,7 +80,7 @@ def test_batch_and_stats(parts):
     units, enc = parts
 
     def build():
-        tok = Tokenize(_reader(units, epochs=1), enc, bos=0, batch_docs=16)
+        tok = Tokenize(_reader(units, shard=1, num_shards=4, epochs=1), enc, bos=0, batch_docs=16)
         packer = BestFitPack(tok, seq_len=31, buffer_size=20, pad_id=2)
         return WithStats(Batch(packer, batch_size=3, seq_len=31, pad_id=2),
                          counters=lambda: [packer.stats()[k] for k in PACK_STAT_KEYS], keys=PACK_STAT_KEYS, worker=0)
