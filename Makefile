@@ -20,8 +20,9 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/tokenloom demo
 
+# Two test processes (or up to 4 on bigger machines): many tests also start loader workers.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n auto --maxprocesses 4
 
 clean:
 	rm -rf $(VENV) out .pytest_cache
