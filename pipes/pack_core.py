@@ -103,9 +103,10 @@ class Slots:
                                   self.bits, self.C, *p)
             self._pending = ([], [], [], [])
 
-    def used_of(self, slot: int) -> int:
+    def used_array(self) -> np.ndarray:
+        """Tokens already taken from each slot's document (all slots; staged ones included)."""
         self._flush()
-        return int(self.used[slot])
+        return self.used
 
     def _release(self, nfreed: int, freed_seqs: List[int]) -> None:
         for s in self._freed[:nfreed].tolist():
