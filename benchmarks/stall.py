@@ -2,8 +2,9 @@
 
 A simulated training step consumes batches from ``pretrain(...)`` (bestfit,
 seq_len 2048, batch 8, the embedded stdlib corpus and the shipped tokenizer).
-Every run builds a fresh loader, takes 10 warm-up batches as fast as they come,
-then times 80 batches: the same stretch of the stream every time (the corpus
+Every run builds a fresh loader, takes 10 warm-up batches as fast as they come
+and 40 more at the step's pace (untimed: the queues settle as in a run that has
+gone on for a while), then times 80 batches: the same stretch of the stream every time (the corpus
 alternates long source files and short docstrings, so the loader's rate varies
 several-fold along the stream, and a data time measured on other batches would
 not apply). The first run has no step: the loader alone, its data time per
@@ -85,7 +86,9 @@ class Step:
 
 def run(files, args, cfg: dict, seconds: float) -> dict:
     """A fresh loader from the start of the stream: ``warmup`` batches as fast as they come
-    (startup, queues full), then ``batches`` batches with a step of ``seconds`` after each."""
+    (startup), ``paced`` batches with the step (not timed: the queues settle at the step's pace,
+    as they have in a training run that has gone on for a while), then ``batches`` batches with a
+    step of ``seconds`` after each, timed."""
     loader = pretrain(files, tokenizer=default_tokenizer_path(), seq_len=args.seq_len, batch_size=args.batch_size,
                       num_workers=cfg["workers"], seed=0, **cfg["loader_kwargs"])
     source = DevicePrefetcher(loader, depth=cfg["prefetcher"]) if cfg["prefetcher"] else loader
@@ -93,6 +96,10 @@ def run(files, args, cfg: dict, seconds: float) -> dict:
     step = Step(cfg["step"])
     for _ in range(args.warmup):
         next(it)
+    for _ in range(args.paced):
+        next(it)
+        if seconds:
+            step(seconds)
     waited = 0.0
     t_start = time.perf_counter()
     for _ in range(args.batches):
@@ -211,7 +218,7 @@ def main(argv=None) -> int:
     args.workers = args.workers or ([2] if args.quick else [2, 1])
     if args.quick:
         args.steps = ["sleep"]
-    args.warmup, args.batches = (10, 60) if args.quick else (10, 80)
+    args.warmup, args.paced, args.batches = (10, 30, 60) if args.quick else (10, 40, 80)
     args.repeats = args.repeats or (1 if args.quick else 2)
 
     files = corpus_files()
@@ -219,7 +226,7 @@ def main(argv=None) -> int:
            "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
                        "cuda": torch.cuda.is_available(), "loadavg_start": [round(x, 2) for x in os.getloadavg()]},
            "config": {"seq_len": args.seq_len, "batch_size": args.batch_size, "factors": FACTORS,
-                      "warmup_batches": args.warmup, "batches_per_run": args.batches, "repeats": args.repeats},
+                      "warmup_batches": args.warmup, "paced_batches": args.paced, "batches_per_run": args.batches, "repeats": args.repeats},
            "runs": []}
     def cfg(workers, step, prefetcher=0, **loader_kwargs):
         return {"workers": workers, "step": step, "prefetcher": prefetcher, "loader_kwargs": loader_kwargs}

@@ -46,7 +46,7 @@ a cold start; flat worker memory (here: <= 5% growth from 20% of the run to the 
 
     python benchmarks/throughput.py              # ~8 minutes on 2 cores
     python benchmarks/throughput.py --quick      # ~3 minutes: 2 rounds, 200-batch windows, 2,000 RSS batches
-    python benchmarks/throughput.py --profile    # also: pyinstrument over 150 batches with 0 workers
+    python benchmarks/throughput.py --profile    # also: cProfile over 150 batches with 0 workers
 Prints JSON; writes benchmarks/throughput.json, benchmarks/throughput.png and
 the ``## throughput`` section of benchmarks/RESULTS.md.
 """
@@ -587,20 +587,23 @@ def run_all(args) -> dict:
 
 
 def profile(path: str) -> dict:
-    """pyinstrument over 150 batches with 0 workers (the whole graph in this process); the text report goes to ``path``."""
-    from pyinstrument import Profiler
+    """cProfile over 150 batches with 0 workers (the whole graph in this process), the top entries by
+    own time written to ``path``."""
+    import cProfile
+    import pstats
 
     loader = build(corpus_files(), num_workers=0)
     it = iter(loader)
+    for _ in range(20):
+        next(it)
     n = 150
-    prof = Profiler(interval=0.001)
-    prof.start()
+    prof = cProfile.Profile()
+    prof.enable()
     for _ in range(n):
         next(it)
-    prof.stop()
-    text = prof.output_text(unicode=False, color=False, show_all=False)
+    prof.disable()
     with open(path, "w") as f:
-        f.write(text)
+        pstats.Stats(prof, stream=f).strip_dirs().sort_stats("tottime").print_stats(30)
     return {"batches": n, "report": os.path.relpath(path, ROOT)}
 
 
@@ -764,7 +767,7 @@ def results_markdown(out: dict, command: str) -> str:
     for k, v in out["tiny"].items():
         lines.append(f"| {k} | {v['ms_per_batch']:.2f} |")
     if "profile" in out:
-        lines += ["", f"Profile (pyinstrument, {out['profile']['batches']} batches, 0 workers): "
+        lines += ["", f"Profile (cProfile, {out['profile']['batches']} batches, 0 workers): "
                   f"`{out['profile']['report']}`."]
     lines += ["", "![throughput](throughput.png)"]
     return "\n".join(lines)
@@ -774,7 +777,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--repeats", type=int, default=None, help="interleaved rounds of the throughput runs")
-    ap.add_argument("--profile", action="store_true", help="also profile one 0-worker epoch with pyinstrument")
+    ap.add_argument("--profile", action="store_true", help="also profile 150 batches with 0 workers (cProfile)")
     ap.add_argument("--no-write", dest="write", action="store_false", help="print JSON only")
     ap.add_argument("--task", help=argparse.SUPPRESS)
     ap.add_argument("--params", help=argparse.SUPPRESS)

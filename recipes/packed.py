@@ -38,6 +38,8 @@ from tokenloom.pipes.tokenize import Tokenize
 from tokenloom.pipes.tokenizer import Encoder, load_encoder, resolve_special
 
 PACKINGS = ("flat", "bestfit", "bestfit-crop")
+#: Batches each loader worker keeps ready (the DataLoader's default is 2).
+PREFETCH_FACTOR = 8
 #: Per source: delivered tokens and documents, passes, and rows its reader skipped (null text,
 #: bad jsonl lines under on_error="skip"), counted when read.
 SOURCE_STAT_KEYS = ("tokens", "documents", "epochs", "skipped")
@@ -292,7 +294,13 @@ def packed_loader(
             warnings.warn(f"{world_size=} with a finite epoch but torch.distributed is not initialized: ranks may "
                           "yield different numbers of batches; pass rank_sync= to keep them in step", stacklevel=2)
     padding = functools.partial(collate_rows, [], batch_size=batch_size, seq_len=seq_len, pad_id=pad_id)
+    loader_kwargs = dict(loader_kwargs)
+    if num_workers > 0:
+        # A worker's output is bursty (a row group of long files is read and tokenized between two
+        # batches); 8 ready batches per worker instead of the DataLoader's 2 absorb that (measured with
+        # benchmarks/stall.py; a few MB of host memory).
+        loader_kwargs.setdefault("prefetch_factor", PREFETCH_FACTOR)
     return TokenLoomLoader(graph, config=config, rank=rank, world_size=world_size, num_workers=num_workers,
                            stats_keys=stat_keys(names, chat is not None), stats_view=PackedStatsView(names, schedule),
                            stats_min_keys=[f"source/{n}/epochs" for n in names],
-                           rank_sync=rank_sync, padding_batch=padding, **dict(loader_kwargs))
+                           rank_sync=rank_sync, padding_batch=padding, **loader_kwargs)
