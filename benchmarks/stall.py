@@ -39,7 +39,6 @@ import argparse
 import json
 import os
 import platform
-import re
 import sys
 import time
 
@@ -48,6 +47,8 @@ import torch
 from tokenloom.pipes.prefetch import DevicePrefetcher
 from tokenloom.recipes import pretrain
 from tokenloom.sample_data import build_demo_corpus, default_tokenizer_path
+
+from results_md import write_section  # noqa: E402 - benchmarks/ is on sys.path when run as a script
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -160,19 +161,6 @@ def plot(results: list, path: str) -> None:
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-
-
-def write_section(path: str, name: str, body: str) -> None:
-    """Add or replace the ``## name`` section of RESULTS.md, leaving the others as they are."""
-    text = open(path, encoding="utf-8").read() if os.path.exists(path) else "# Benchmark results\n"
-    section = f"## {name}\n\n{body.strip()}\n"
-    pattern = re.compile(rf"^## {re.escape(name)}\n.*?(?=^## |\Z)", re.S | re.M)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: section + "\n", text, count=1).rstrip() + "\n"
-    else:
-        text = text.rstrip() + "\n\n" + section
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
 
 
 def results_markdown(out: dict, command: str) -> str:

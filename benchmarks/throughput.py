@@ -64,6 +64,8 @@ import sys
 import time
 from typing import Any, Dict, List
 
+from results_md import write_section  # noqa: E402 - benchmarks/ is on sys.path when run as a script
+
 HERE = os.path.abspath(os.path.dirname(__file__))
 ROOT = os.path.dirname(HERE)
 SEQ_LEN, BATCH, BUFFER = 2048, 8, 1000
@@ -672,19 +674,6 @@ def plot(out: dict, path: str) -> None:
     ax.tick_params(axis="y", labelsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-
-
-def write_section(path: str, name: str, body: str) -> None:
-    """Add or replace the ``## name`` section of RESULTS.md, leaving the others as they are."""
-    text = open(path, encoding="utf-8").read() if os.path.exists(path) else "# Benchmark results\n"
-    section = f"## {name}\n\n{body.strip()}\n"
-    pattern = re.compile(rf"^## {re.escape(name)}\n.*?(?=^## |\Z)", re.S | re.M)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: section + "\n", text, count=1).rstrip() + "\n"
-    else:
-        text = text.rstrip() + "\n\n" + section
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
 
 
 def results_markdown(out: dict, command: str) -> str:

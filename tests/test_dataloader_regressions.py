@@ -124,6 +124,14 @@ def test_second_resume_in_the_same_epoch_stays_aligned(small_glob, tok_path, num
     _assert_same(ref[k2:], list(third), f"after the second resume at batch {k2}")
 
 
+def _state_after(build, k):
+    """The state of a fresh loader after ``k`` batches, through torch.save/torch.load."""
+    loader = build()
+    it = iter(loader)
+    _take(it, k)
+    return torch_roundtrip(loader.state_dict())
+
+
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_load_state_takes_effect_for_the_next_iterator(small_glob, tok_path, num_workers):
     """`iter(loader)` called before `load_state_dict` (e.g. by a framework that peeks):
@@ -131,11 +139,7 @@ def test_load_state_takes_effect_for_the_next_iterator(small_glob, tok_path, num
     build = _builder(small_glob, tok_path, num_workers=num_workers)
     ref = _take(iter(build()), 12)
     k = 5
-    loader = build()
-    it = iter(loader)
-    _take(it, k)
-    state = torch_roundtrip(loader.state_dict())
-    del it, loader
+    state = _state_after(build, k)
 
     resumed = build()
     early = iter(resumed)  # created before the load
@@ -152,11 +156,7 @@ def test_iterator_created_before_load_does_not_silently_restart(small_glob, tok_
     build = _builder(small_glob, tok_path, num_workers=num_workers)
     ref = _take(iter(build()), 12)
     k = 5
-    loader = build()
-    it = iter(loader)
-    _take(it, k)
-    state = torch_roundtrip(loader.state_dict())
-    del it, loader
+    state = _state_after(build, k)
 
     resumed = build()
     early = iter(resumed)
