@@ -38,7 +38,7 @@ import pyarrow.parquet as pq
 from .base import Node
 from .items import Doc
 from .shard import ROW_ORDER_TAG, ShardUnits, WorkSlice, rng_for
-from .sources import SourceFile
+from .sources import FileChangedError, SourceFile
 
 log = logging.getLogger(__name__)
 
@@ -141,10 +141,6 @@ def list_parquet_units(files: Sequence[SourceFile], column: str, *, require: Opt
     return units_from_footers(files, [read_footer(f) for f in files], column, require=require)
 
 
-class FileChangedError(RuntimeError):
-    """A file is not the one that was listed (its size changed)."""
-
-
 def _bad_utf8(value: pa.Scalar) -> bool:
     try:
         value.as_py()
@@ -199,15 +195,7 @@ class ReadParquet(Node[Doc]):
     def _file(self, i: int) -> pq.ParquetFile:
         pf = self._open.get(i)
         if pf is None:
-            f = self.units.files[i]
-            handle = f.open()
-            size = handle.size()
-            if size != f.size:
-                handle.close()
-                # A rewritten file's row groups are not the listed ones: reading on would mix them up.
-                raise FileChangedError(f"{f.uri or f.path} is {size} bytes now, it was listed with {f.size}; the "
-                                       "file changed after the loader was built: rebuild the loader")
-            pf = pq.ParquetFile(handle, page_checksum_verification=True)
+            pf = pq.ParquetFile(self.units.files[i].open_unchanged(), page_checksum_verification=True)
             self._open[i] = pf
             if len(self._open) > self.OPEN_FILES:
                 self._open.popitem(last=False)

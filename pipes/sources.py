@@ -63,6 +63,21 @@ class SourceFile:
         """A seekable pyarrow input file."""
         return self.fs.open_input_file(self.path)
 
+    def open_unchanged(self):
+        """`open`, refusing a file whose size is not the listed one: a rewritten file's row groups
+        or line offsets are not the listed units, and reading on would mix them up."""
+        handle = self.open()
+        size = handle.size()
+        if size != self.size:
+            handle.close()
+            raise FileChangedError(f"{self.uri or self.path} is {size} bytes now, it was listed with {self.size}; "
+                                   "the file changed after the loader was built: rebuild the loader")
+        return handle
+
+
+class FileChangedError(RuntimeError):
+    """A file is not the one that was listed (its size changed)."""
+
 
 #: pyarrow/AWS error codes that mean "these credentials are refused".
 _DENIED = ("ACCESS_DENIED", "SIGNATURE_DOES_NOT_MATCH", "INVALID_ACCESS_KEY_ID", "EXPIRED_TOKEN",

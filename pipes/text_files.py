@@ -279,13 +279,7 @@ class UnitBytes:
     def _handle(self, i: int):
         h = self._open.get(i)
         if h is None:
-            f = self.units.files[i]
-            h = f.open()
-            size = h.size()
-            if size != f.size:
-                h.close()
-                raise RuntimeError(f"{f.uri or f.path} is {size} bytes now, it was listed with {f.size}; "
-                                   "the file changed after the loader was built: rebuild the loader")
+            h = self.units.files[i].open_unchanged()
             self._open[i] = h
             if len(self._open) > self.OPEN_FILES:
                 self._open.popitem(last=False)[1].close()
