@@ -39,6 +39,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from .base import StateError
 from .wire import WireBatch, unwrap
 from .worker_memory import settle_worker_malloc
+from .worker_threads import single_thread_tokenizers
 
 #: Bumped whenever the layout of a saved state changes incompatibly.
 STATE_VERSION = 2  # 2: per-source skipped counts in the statistics; best-fit max_wait = buffer_size
@@ -414,12 +415,14 @@ def _raise_portable(e: Exception) -> None:
 
 
 class WorkerInit:
-    """Runs in each worker process before the user's ``worker_init_fn``: flat memory (worker_memory.py)."""
+    """Runs in each worker process before the user's ``worker_init_fn``: flat memory (worker_memory.py)
+    and one tokenizing thread per worker (worker_threads.py)."""
 
     def __init__(self, user: Optional[Callable[[int], None]]):
         self.user = user
 
     def __call__(self, worker_id: int) -> None:
         settle_worker_malloc()
+        single_thread_tokenizers()
         if self.user is not None:
             self.user(worker_id)

@@ -1,4 +1,5 @@
-"""What tokenloom does once in each loader worker: glibc malloc settings, then the user's worker_init_fn."""
+"""What tokenloom does once in each loader worker: glibc malloc settings, one tokenizing thread, then the
+user's worker_init_fn."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ class RecordWorker:
     def __call__(self, worker_id):
         with open(os.path.join(self.folder, f"worker-{worker_id}"), "w") as f:
             f.write(str(os.getpid()))
+        with open(os.path.join(self.folder, f"env-{worker_id}"), "w") as f:
+            f.write(os.environ.get("TOKENIZERS_PARALLELISM", "<unset>"))
 
 
 def test_the_users_worker_init_fn_still_runs(corpus, tok_path, tmp_path):
@@ -27,6 +30,16 @@ def test_the_users_worker_init_fn_still_runs(corpus, tok_path, tmp_path):
     next(iter(loader))
     pids = {open(tmp_path / f"worker-{w}").read() for w in (0, 1)}
     assert len(pids) == 2 and str(os.getpid()) not in pids
+
+
+def test_workers_tokenize_on_one_thread_and_the_user_can_say_otherwise(corpus, tok_path, tmp_path, monkeypatch):
+    monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
+    loader = pretrain(corpus[0], tokenizer=tok_path, seq_len=63, batch_size=2, buffer_size=16, num_workers=2,
+                      worker_init_fn=RecordWorker(str(tmp_path)))
+    next(iter(loader))
+    # set before the user's worker_init_fn runs (so it can set it back), and only in the workers
+    assert [open(tmp_path / f"env-{w}").read() for w in (0, 1)] == ["false", "false"]
+    assert "TOKENIZERS_PARALLELISM" not in os.environ
 
 
 @pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc only")
