@@ -47,3 +47,15 @@ def test_malloc_settings_apply_on_glibc():
     code = "from tokenloom.pipes.worker_memory import settle_worker_malloc; print(settle_worker_malloc())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "True"
+
+
+def test_workers_keep_about_a_million_tokens_ready_unless_told(corpus, tok_path):
+    from tokenloom.recipes.packed import default_prefetch_factor
+
+    assert default_prefetch_factor(8, 2048) == 64  # 16k tokens a batch
+    assert default_prefetch_factor(32, 4096) == 8  # 131k tokens: at least 8 batches
+    assert default_prefetch_factor(2, 63) == 64  # tiny batches: at most 64
+    assert default_prefetch_factor(4, 16383) == 16
+    kw = dict(tokenizer=tok_path, seq_len=63, batch_size=2, buffer_size=16, num_workers=2)
+    assert pretrain(corpus[0], **kw).prefetch_factor == 64
+    assert pretrain(corpus[0], prefetch_factor=3, **kw).prefetch_factor == 3
