@@ -21,13 +21,17 @@ what the loop receives), with document tokens tokenized per second
   (Rayon) and one single-threaded process per core, each given a share of
   about equal characters.
 - ``pretrain``: ``pretrain(...)`` (bestfit, T=2048, B=8, buffer 1000), 0/1/2
-  workers, and 2 workers with ``TOKENIZERS_PARALLELISM=false``.
+  workers; and 2 workers with what the defaults replaced: 8 ready batches per
+  worker (the default is ~1M tokens, 64 batches here), and the tokenizer's
+  thread pool in each worker (``TOKENIZERS_PARALLELISM=true`` set in a
+  ``worker_init_fn``; workers turn it off by default).
 - ``naive``: a plain ``torch.utils.data.DataLoader`` over a generator that reads
   the files, tokenizes (batched, per row group) and concatenates into (B, T+1)
   blocks; 0/2 workers.
 - checkpointability: the same `NodeDataset` (``loader.dataset`` of a pretrain
   loader) under ``StatefulDataLoader`` with a snapshot every step vs a plain
-  ``DataLoader``, 2 workers: wall time and CPU time (main + workers); plus the
+  ``DataLoader``, 2 workers, both with the pretrain loader's worker settings:
+  wall time and CPU time (main + workers); plus the
   snapshot work itself, measured in one process.
 - the loader state per worker (``torch.save`` bytes), resume latency (build +
   ``load_state_dict`` + first batch) vs a cold start (build + first batch), and
@@ -247,8 +251,15 @@ def _time_window(loader, warmup: int, n: int, tokens=None, tokenized=None) -> di
             "cpu_s": _cpu_seconds() - cpu0}
 
 
-def task_pretrain(workers: int, warmup: int, n: int) -> dict:
-    loader = build(corpus_files(), num_workers=workers)
+def _tokenizer_threads_on(worker_id: int) -> None:
+    os.environ["TOKENIZERS_PARALLELISM"] = "true"  # undo the worker's default (pipes/worker_threads.py)
+
+
+def task_pretrain(workers: int, warmup: int, n: int, prefetch: int = 0, tok_threads: bool = False) -> dict:
+    kw: Dict[str, Any] = {"prefetch_factor": prefetch} if prefetch else {}
+    if tok_threads:
+        kw["worker_init_fn"] = _tokenizer_threads_on
+    loader = build(corpus_files(), num_workers=workers, **kw)
     stats = loader.stats
     return _time_window(loader, warmup, n, tokens=lambda: stats()["tokens_out"], tokenized=lambda: stats()["tokens_in"])
 
@@ -294,12 +305,13 @@ def task_checkpoint(kind: str, warmup: int, n: int, workers: int = 2) -> dict:
     from torchdata.stateful_dataloader import StatefulDataLoader
 
     pre = build(corpus_files(), num_workers=workers)
-    dataset = pre.dataset
+    # the pretrain loader's worker settings (ready batches, worker_init_fn) in both
+    kw = dict(batch_size=None, num_workers=workers, collate_fn=_identity, prefetch_factor=pre.prefetch_factor,
+              worker_init_fn=pre.worker_init_fn)
     if kind == "plain":
-        loader = DataLoader(dataset, batch_size=None, num_workers=workers, collate_fn=_identity)
+        loader = DataLoader(pre.dataset, **kw)
     else:
-        loader = StatefulDataLoader(dataset, batch_size=None, num_workers=workers, collate_fn=_identity,
-                                    snapshot_every_n_steps=1)
+        loader = StatefulDataLoader(pre.dataset, snapshot_every_n_steps=1, **kw)
     r = _time_window(loader, warmup, n)
     r["tokens"] = 0  # the same batches in both runs: compare their seconds
     return r
@@ -484,7 +496,8 @@ def run_all(args) -> dict:
         "pretrain_0": ("pretrain", {}, dict(workers=0, **window)),
         "pretrain_1": ("pretrain", {}, dict(workers=1, **window)),
         "pretrain_2": ("pretrain", {}, dict(workers=2, **window)),
-        "pretrain_2_no_tok_threads": ("pretrain", {"TOKENIZERS_PARALLELISM": "false"}, dict(workers=2, **window)),
+        "pretrain_2_prefetch_8": ("pretrain", {}, dict(workers=2, prefetch=8, **window)),
+        "pretrain_2_tok_threads": ("pretrain", {}, dict(workers=2, tok_threads=True, **window)),
         "naive_0": ("naive", {}, dict(workers=0, **window)),
         "naive_2": ("naive", {}, dict(workers=2, **window)),
         "plain_dataloader_2": ("checkpoint", {}, dict(kind="plain", **window)),
@@ -565,8 +578,6 @@ def run_all(args) -> dict:
         "workers_0": spawn("tiny", workers=0, snapshot=1),
         "workers_2_snapshot_every_step": spawn("tiny", workers=2, snapshot=1),
         "workers_2_snapshot_never": spawn("tiny", workers=2, snapshot=10 ** 9),
-        "workers_2_no_tok_threads": spawn("tiny", {"TOKENIZERS_PARALLELISM": "false"}, workers=2,
-                                          snapshot=1),
     }
     ncpu = os.cpu_count() or 1
     cores_key = f"pretrain_{min(ncpu, 2)}"

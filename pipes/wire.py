@@ -12,6 +12,10 @@ bytes. Measured on 2 cores, one batch from 2 workers (`benchmarks/throughput.py`
 So a worker sends `WireBatch` (the batch with every CPU tensor viewed as numpy,
 no copy), and the main process turns it back into the same tensors
 (``torch.from_numpy``, no copy): dtypes, shapes and values are bitwise the same.
+An int64 array whose values fit in int32 (token ids, labels, positions) travels
+as int32 and is widened on arrival: a B=8, T=2048 batch is 328 KB on the wire
+instead of 524 KB, and the workers' ready batches (up to ~1M tokens each) hold
+that much less memory, for a min/max and a copy per array on each side.
 With ``pin_memory=True`` the loader's pin-memory thread calls
 `WireBatch.pin_memory`, so pinning stays off the training thread.
 
@@ -28,11 +32,17 @@ import numpy as np
 import torch
 
 
+_I32 = np.iinfo(np.int32)
+
+
 def _to_numpy(obj: Any) -> Any:
     if isinstance(obj, torch.Tensor):
         if obj.device.type != "cpu" or obj.requires_grad or obj.dtype == torch.bfloat16:
             return obj
-        return _Array(obj.numpy())
+        a = obj.numpy()
+        if a.dtype == np.int64 and a.size and _I32.min <= a.min() and a.max() <= _I32.max:
+            return _Array(a.astype(np.int32), wide=True)
+        return _Array(a)
     if isinstance(obj, dict):
         return {k: _to_numpy(v) for k, v in obj.items()}
     if isinstance(obj, list):
@@ -44,7 +54,9 @@ def _to_numpy(obj: Any) -> Any:
 
 def _to_torch(obj: Any, pin: bool) -> Any:
     if isinstance(obj, _Array):
-        t = torch.from_numpy(obj.array)
+        # numpy widens without releasing the GIL: torch's .to() measured 0.18 ms a call here,
+        # waiting to take the GIL back, against ~5 us
+        t = torch.from_numpy(obj.array.astype(np.int64) if obj.wide else obj.array)
         return t.pin_memory() if pin else t
     if isinstance(obj, torch.Tensor):
         return obj.pin_memory() if pin else obj
@@ -61,13 +73,13 @@ class _Array:
     """Marks an array that was a tensor (a user's batch may hold numpy arrays of its own,
     which must stay numpy)."""
 
-    __slots__ = ("array",)
+    __slots__ = ("array", "wide")
 
-    def __init__(self, array: np.ndarray):
-        self.array = array
+    def __init__(self, array: np.ndarray, wide: bool = False):
+        self.array, self.wide = array, wide  # wide: int64 sent as int32
 
     def __reduce__(self):
-        return _Array, (self.array,)
+        return _Array, (self.array, self.wide)
 
 
 class WireBatch:

@@ -49,7 +49,19 @@ def test_round_trip_is_bitwise_and_keeps_what_is_not_a_tensor():
     assert got["names"] == ["code", "prose"] and type(got["pair"]) is Pair
     assert isinstance(got["nested"][0], tuple) and torch.equal(got["nested"][0][0], torch.zeros(2))
     got["input_ids"][0, 0] = 99  # writable, like a tensor the graph built
+    assert got["input_ids"].dtype == torch.int64
     assert unwrap(batch) is batch  # a batch that never left the process is passed through
+
+
+def test_int64_travels_as_int32_only_when_every_value_fits():
+    big = torch.tensor([[0, 2**31 - 1], [-(2**31), 5]], dtype=torch.int64)
+    huge = torch.tensor([2**31, -1], dtype=torch.int64)
+    wire = WireBatch({"fits": big, "huge": huge, "empty": torch.empty(0, 3, dtype=torch.int64)})
+    assert wire.payload["fits"].array.dtype == np.int32 and wire.payload["huge"].array.dtype == np.int64
+    got = unwrap(_through_queue(wire))
+    for k, v in {"fits": big, "huge": huge}.items():
+        assert got[k].dtype == torch.int64 and torch.equal(got[k], v)
+    assert got["empty"].shape == (0, 3) and got["empty"].dtype == torch.int64
 
 
 def test_the_loop_gets_the_same_tensors_with_and_without_workers(corpus, tok_path):
