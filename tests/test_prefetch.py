@@ -209,3 +209,29 @@ def test_the_fetch_thread_stops_when_the_loop_drops_its_iterator(corpus, tok_pat
     thread.join(timeout=10)
     assert not thread.is_alive()
     assert not any(t.name == "tokenloom-prefetch" and t.is_alive() for t in threading.enumerate())
+
+
+@pytest.mark.parametrize("close", [True, False])
+def test_a_dropped_prefetcher_lets_its_workers_go_without_the_cyclic_gc(corpus, tok_path, close):
+    """Closed or just dropped, a prefetcher frees its loader by reference counting: worker processes
+    a later loader forks must not inherit a live iterator from an earlier one."""
+    import gc
+    import multiprocessing
+    import time
+
+    gc.disable()
+    try:
+        pf = prefetched(loader_builder(corpus, tok_path, num_workers=2), depth=2)()
+        it = iter(pf)
+        take(it, 2)
+        before = {p.pid for p in multiprocessing.active_children()}
+        assert len(before) >= 2
+        if close:
+            pf.close()
+        del it, pf
+        deadline = time.monotonic() + 20
+        while before & {p.pid for p in multiprocessing.active_children()} and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not before & {p.pid for p in multiprocessing.active_children()}
+    finally:
+        gc.enable()
