@@ -2,16 +2,19 @@
 
 A simulated training step consumes batches from ``pretrain(...)`` (bestfit,
 seq_len 2048, batch 8, the embedded stdlib corpus and the shipped tokenizer).
-Every run builds a fresh loader, takes 10 warm-up batches as fast as they come
-and 40 more at the step's pace (untimed: the queues settle as in a run that has
-gone on for a while), then times 80 batches: the same stretch of the stream every time (the corpus
+Every run builds a fresh loader from the start of the stream. The first run
+has no step: the loader alone, timed from its second batch to its 301st, gives
+the data time per batch ``t_data``. It starts before any worker can run ahead
+and is long next to the workers' ready batches (pretrain keeps ~1M tokens, 64
+batches, per worker): a data time measured on a short stretch after a warm-up
+is mostly batches made during the warm-up (4.6 ms a batch instead of ~12).
+Then steps of 0.8, 1.0, 1.1, 1.5 and 2 x ``t_data``: 100 batches at the step's
+pace, untimed (start-up behind, the queues filled as far as that pace allows),
+then the share of the loop's wall time spent blocked in ``next()`` over
+batches 102-301, inside the stretch ``t_data`` was measured on (the corpus
 alternates long source files and short docstrings, so the loader's rate varies
-several-fold along the stream, and a data time measured on other batches would
-not apply). The first run has no step: the loader alone, its data time per
-batch ``t_data``. Then steps of 0.5, 0.8, 1.0, 1.1, 1.5 and 2 x ``t_data``, and
-for each the share of the loop's wall time spent blocked in ``next()``. Every
-point is run twice, interleaved, and the better kept (other jobs on a shared
-machine only ever add waiting):
+several-fold along the stream). Every point is run twice, interleaved, and the
+better kept (other jobs on a shared machine only ever add waiting):
 
 - ``sleep`` steps leave the host idle, like a GPU step whose kernels are queued;
 - ``matmul`` steps keep one core busy (single-threaded CPU matmuls), like a
@@ -21,14 +24,14 @@ Also (2 workers, sleep steps) through `tokenloom.pipes.prefetch.DevicePrefetcher
 whose background thread receives batches from the workers while the step runs
 (on a machine without CUDA it makes no copies: this measures the thread and its
 bookkeeping), with ``--depth`` batches ready (default 2 and 4); and, with
-``--prefetch-factor 8``, the bare loader with deeper worker queues (default 2
-batches per worker).
+``--prefetch-factor N``, the bare loader with N ready batches per worker
+(pretrain's default is ~1M tokens: 64 batches here).
 
 Target (issue 6): no waiting once a step takes 1.1 x the data time; "no waiting"
 here means a wait share under 1%.
 
-    python benchmarks/stall.py            # ~3 minutes on 2 cores
-    python benchmarks/stall.py --quick    # ~1 minute: 60 batches a run, 2 workers, sleep steps
+    python benchmarks/stall.py            # ~8 minutes on 2 cores
+    python benchmarks/stall.py --quick    # ~2 minutes: 120 batches a run, 2 workers, sleep steps
 Prints JSON; writes benchmarks/stall.json, benchmarks/stall.png and the
 ``## stall`` section of benchmarks/RESULTS.md.
 """
@@ -52,7 +55,7 @@ from results_md import write_section  # noqa: E402 - benchmarks/ is on sys.path 
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-FACTORS = (0.5, 0.8, 1.0, 1.1, 1.5, 2.0)
+FACTORS = (0.8, 1.0, 1.1, 1.5, 2.0)
 NO_WAIT = 0.01  # a wait share under this counts as "no waiting"
 
 
@@ -87,9 +90,8 @@ class Step:
 
 def run(files, args, cfg: dict, seconds: float) -> dict:
     """A fresh loader from the start of the stream: ``warmup`` batches as fast as they come
-    (startup), ``paced`` batches with the step (not timed: the queues settle at the step's pace,
-    as they have in a training run that has gone on for a while), then ``batches`` batches with a
-    step of ``seconds`` after each, timed."""
+    (start-up), ``paced`` batches with the step, untimed (none when there is no step: the data
+    time is measured over the whole stretch), then the rest of the stretch, timed."""
     loader = pretrain(files, tokenizer=default_tokenizer_path(), seq_len=args.seq_len, batch_size=args.batch_size,
                       num_workers=cfg["workers"], seed=0, **cfg["loader_kwargs"])
     source = DevicePrefetcher(loader, depth=cfg["prefetcher"]) if cfg["prefetcher"] else loader
@@ -97,22 +99,25 @@ def run(files, args, cfg: dict, seconds: float) -> dict:
     step = Step(cfg["step"])
     for _ in range(args.warmup):
         next(it)
-    for _ in range(args.paced):
+    paced = args.paced if seconds else 0
+    for _ in range(paced):
         next(it)
-        if seconds:
-            step(seconds)
+        step(seconds)
+    timed = args.paced + args.batches - paced
     waited = 0.0
     t_start = time.perf_counter()
-    for _ in range(args.batches):
+    for _ in range(timed):
         t0 = time.perf_counter()
         next(it)
         waited += time.perf_counter() - t0
         if seconds:
             step(seconds)
     total = time.perf_counter() - t_start
+    if cfg["prefetcher"]:
+        source.close()
     del it, source, loader
-    return {"wait_share": waited / total, "wait_ms_per_step": 1e3 * waited / args.batches,
-            "loop_ms_per_step": 1e3 * total / args.batches}
+    return {"wait_share": waited / total, "wait_ms_per_step": 1e3 * waited / timed,
+            "loop_ms_per_step": 1e3 * total / timed}
 
 
 def measure(files, args, cfg: dict) -> dict:
@@ -165,7 +170,7 @@ def plot(results: list, path: str) -> None:
 
 def results_markdown(out: dict, command: str) -> str:
     lines = [
-        "Share of the training loop's time blocked in `next()`, for a simulated step of 0.5-2x the loader's own "
+        "Share of the training loop's time blocked in `next()`, for a simulated step of 0.8-2x the loader's own "
         "data time per batch (`pretrain`, bestfit, T=2048, B=8, stdlib corpus). `sleep` steps leave the host idle "
         "(a GPU step); `matmul` steps keep one core busy. Target: no waiting (< 1%) from 1.1x. Best of "
         f"{out['config']['repeats']} interleaved runs per point. "
@@ -198,7 +203,7 @@ def main(argv=None) -> int:
                     help="DevicePrefetcher runs with these depths (none: no prefetcher runs)")
     ap.add_argument("--repeats", type=int, default=None, help="runs per point, interleaved; the best is kept")
     ap.add_argument("--prefetch-factor", type=int, nargs="*", default=[],
-                    help="extra runs with these StatefulDataLoader prefetch_factor values (default loader: 2)")
+                    help="extra runs with these prefetch_factor values (pretrain's default here: 64)")
     ap.add_argument("--seq-len", type=int, default=2048)
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--no-write", dest="write", action="store_false", help="print JSON only")
@@ -206,7 +211,7 @@ def main(argv=None) -> int:
     args.workers = args.workers or ([2] if args.quick else [2, 1])
     if args.quick:
         args.steps = ["sleep"]
-    args.warmup, args.paced, args.batches = (10, 30, 60) if args.quick else (10, 40, 80)
+    args.warmup, args.paced, args.batches = (1, 40, 80) if args.quick else (1, 100, 200)
     args.repeats = args.repeats or (1 if args.quick else 2)
 
     files = corpus_files()
@@ -214,7 +219,8 @@ def main(argv=None) -> int:
            "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
                        "cuda": torch.cuda.is_available(), "loadavg_start": [round(x, 2) for x in os.getloadavg()]},
            "config": {"seq_len": args.seq_len, "batch_size": args.batch_size, "factors": FACTORS,
-                      "warmup_batches": args.warmup, "paced_batches": args.paced, "batches_per_run": args.batches, "repeats": args.repeats},
+                      "warmup_batches": args.warmup, "paced_batches": args.paced, "timed_batches": args.batches,
+                      "repeats": args.repeats},
            "runs": []}
     def cfg(workers, step, prefetcher=0, **loader_kwargs):
         return {"workers": workers, "step": step, "prefetcher": prefetcher, "loader_kwargs": loader_kwargs}
