@@ -54,8 +54,8 @@ def _to_numpy(obj: Any) -> Any:
 
 def _to_torch(obj: Any, pin: bool) -> Any:
     if isinstance(obj, _Array):
-        # numpy widens without releasing the GIL: torch's .to() measured 0.18 ms a call here,
-        # waiting to take the GIL back, against ~5 us
+        # numpy's astype, not torch's .to(): profiled in the training process with 2 workers,
+        # ~10 us a call against 0.18 ms
         t = torch.from_numpy(obj.array.astype(np.int64) if obj.wide else obj.array)
         return t.pin_memory() if pin else t
     if isinstance(obj, torch.Tensor):

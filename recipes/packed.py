@@ -54,12 +54,13 @@ def default_prefetch_factor(batch_size: int, seq_len: int) -> int:
     whichever worker is behind. Workers fall behind in turns: a best-fit buffer of
     1,000 documents held 65k to 720k tokens (stdlib corpus), gaining or losing up
     to ~460k within 64 batches as long documents come and go, and a worker
-    refilling it tokenizes far more than it hands out for a while. Measured on 2 cores, 2 workers, B=8, T=2048 (16k tokens a batch),
-    busy share of the two workers over 300-500 batches: 8 ready batches 0.88 and
-    0.58-0.67; 32 batches 0.93 and 0.83-0.86; 48 or 64 batches 0.93-0.95 both,
-    with tokens/s up from 0.69-0.83 M to 1.15-1.31 M. Cost: host memory, ~32 bytes
-    per token of a batch (B=8, T=2048: 512 KB, so 32 MB per worker at 64), held
-    by the worker or by the training process until the batch is used. Pass
+    refilling it tokenizes far more than it hands out for a while. Measured on 2
+    cores, 2 workers, B=8, T=2048 (16k tokens a batch), busy share of the two
+    workers over 300-500 batches: 8 ready batches 0.88 and 0.58-0.67; 32 batches
+    0.93 and 0.83-0.86; 48 or 64 batches 0.93-0.95 both, with tokens/s up from
+    0.69-0.83 M to 1.15-1.31 M. Cost: host memory, ~20 bytes per token of a batch
+    as it travels (B=8, T=2048: 328 KB, so ~21 MB per worker at 64), held by the
+    worker or by the training process until the batch is used. Pass
     ``prefetch_factor=`` to choose.
     """
     lo, hi = PREFETCH_BATCHES
