@@ -23,14 +23,15 @@ better kept (other jobs on a shared machine only ever add waiting):
 Also (2 workers, sleep steps) through `tokenloom.pipes.prefetch.DevicePrefetcher`,
 whose background thread receives batches from the workers while the step runs
 (on a machine without CUDA it makes no copies: this measures the thread and its
-bookkeeping), with ``--depth`` batches ready (default 2 and 4); and, with
+bookkeeping), with ``--depth`` batches ready (default 2 and 4), and with 1
+worker and the deepest prefetcher (a core left for the training process); and, with
 ``--prefetch-factor N``, the bare loader with N ready batches per worker
 (pretrain's default is ~1M tokens: 64 batches here).
 
 Target (issue 6): no waiting once a step takes 1.1 x the data time; "no waiting"
 here means a wait share under 1%.
 
-    python benchmarks/stall.py            # ~8 minutes on 2 cores
+    python benchmarks/stall.py            # ~11 minutes on 2 cores
     python benchmarks/stall.py --quick    # ~2 minutes: 120 batches a run, 2 workers, sleep steps
 Prints JSON; writes benchmarks/stall.json, benchmarks/stall.png and the
 ``## stall`` section of benchmarks/RESULTS.md.
@@ -228,6 +229,9 @@ def main(argv=None) -> int:
     first = args.workers[0]
     plan = [cfg(w, k) for w in args.workers for k in args.steps if not (w == 1 and k == "matmul")]
     plan += [cfg(first, "sleep", prefetcher=d) for d in args.depth]
+    if args.depth and first > 1 and 1 in args.workers:
+        # fewer workers than cores: is the waiting left through the prefetcher the cores' doing?
+        plan.append(cfg(1, "sleep", prefetcher=max(args.depth)))
     plan += [cfg(first, "sleep", prefetch_factor=pf) for pf in args.prefetch_factor]
     for c in plan:
         r = measure(files, args, c)
