@@ -552,7 +552,7 @@ def run_all(args) -> dict:
         return xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
 
     # Into rows: tokens placed in batches per second, what the training loop gets. Tokenized: document
-    # tokens read and tokenized per second, the ceiling's work. Over a window of ~2 epochs they agree to
+    # tokens read and tokenized per second, the ceiling's work. Over a window of ~4 epochs they agree to
     # a few percent; the difference is what the best-fit buffer held at the start vs the end.
     out["rows_tokens_per_s"] = {k: median([rate(r) for r in runs[k]]) for k in loaders}
     out["tokens_per_s"] = {k: median([rate(r, "tokens_tokenized") for r in runs[k]]) for k in loaders}
