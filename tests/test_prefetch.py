@@ -235,3 +235,28 @@ def test_a_dropped_prefetcher_lets_its_workers_go_without_the_cyclic_gc(corpus, 
         assert not before & {p.pid for p in multiprocessing.active_children()}
     finally:
         gc.enable()
+
+
+def test_the_loop_s_previous_batch_is_dropped_in_the_fetch_thread(corpus, tok_path):
+    """Destroying tensors releases the GIL, so the batch the loop lets go of is destroyed by the
+    prefetch thread, not the training thread (see `_Fetcher.free_slot`)."""
+    import threading
+    import time
+    import weakref
+
+    pf = prefetched(loader_builder(corpus, tok_path), depth=2)()
+    freed_in: list = []
+    for i, batch in enumerate(pf):
+        for t in batch.values():
+            if isinstance(t, torch.Tensor):
+                weakref.finalize(t, lambda: freed_in.append(threading.current_thread().name))
+        if i == 5:
+            break
+    tensors = sum(isinstance(t, torch.Tensor) for t in batch.values())
+    deadline = time.monotonic() + 10
+    while len(freed_in) < 5 * tensors and time.monotonic() < deadline:  # batches 0-4; 5 is still held
+        time.sleep(0.01)
+    assert len(freed_in) == 5 * tensors
+    assert set(freed_in) == {"tokenloom-prefetch"}
+    del batch
+    pf.close()
