@@ -265,6 +265,11 @@ class _Fetcher(threading.Thread):
 
     def _wait_for_slot(self) -> bool:
         """Block until the loop frees a slot (True) or the thread is told to stop (False)."""
+        try:
+            self.slots.get_nowait()  # a slot is free (the loop is waiting for data): no wake-up to tame
+            return not self.stopping.is_set()
+        except queue.Empty:
+            pass
         # The loop frees a slot in next(): woken then, this thread must not take the loop's CPU.
         with quiet_wakeup():
             while True:
