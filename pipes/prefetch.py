@@ -36,7 +36,7 @@ state, which resumes into the next round, as the loader does).
 
 The loop's ``next()`` only moves a ready batch and wakes the thread, and two
 things keep it that short when every core is busy (2 workers on 2 cores, steps of
-1.1x the data time: 4% of the loop's time waited before, 0.5% after, 0.07 ms a
+1.1x the data time: 4% of the loop's time waited before, 0.5% after, ~0.1 ms a
 step): the batch the loop lets go of is destroyed in the thread (destroying a
 tensor releases the GIL, which the busy thread then holds for up to 5 ms), and
 the thread's wake-up does not preempt the loop (`wakeup.py`).
