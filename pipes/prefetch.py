@@ -267,18 +267,16 @@ class _Fetcher(threading.Thread):
         """Block until the loop frees a slot (True) or the thread is told to stop (False)."""
         try:
             self.slots.get_nowait()  # a slot is free (the loop is waiting for data): no wake-up to tame
-            return not self.stopping.is_set()
         except queue.Empty:
-            pass
-        # The loop frees a slot in next(): woken then, this thread must not take the loop's CPU.
-        with quiet_wakeup():
-            while True:
-                try:
-                    self.slots.get(timeout=self.POLL_S)
-                    break
-                except queue.Empty:
-                    if self.stopping.is_set():
-                        return False
+            # The loop frees a slot in next(): woken then, this thread must not take the loop's CPU.
+            with quiet_wakeup():
+                while True:
+                    try:
+                        self.slots.get(timeout=self.POLL_S)
+                        break
+                    except queue.Empty:
+                        if self.stopping.is_set():
+                            return False
         return not self.stopping.is_set()
 
     def free_slot(self, handed: Any) -> None:
