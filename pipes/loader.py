@@ -27,6 +27,7 @@ the current round; keep one iterator to continue a stream.
 from __future__ import annotations
 
 import copy
+import multiprocessing
 import pickle
 import warnings
 from dataclasses import dataclass
@@ -42,7 +43,9 @@ from .worker_memory import settle_worker_malloc
 from .worker_threads import single_thread_tokenizers
 
 #: Bumped whenever the layout of a saved state changes incompatibly.
-STATE_VERSION = 2  # 2: per-source skipped counts in the statistics; best-fit max_wait = buffer_size
+#: 2: per-source skipped counts in the statistics; best-fit max_wait = buffer_size.
+#: 3: the round's phase (data / padding / over) is saved.
+STATE_VERSION = 3
 STATE_FORMAT = "tokenloom.loader"
 
 #: Batches may carry their worker's cumulative statistics under this key; the loader
@@ -82,7 +85,14 @@ GraphFactory = Callable[[ShardContext], Any]
 
 
 class NodeDataset(IterableDataset):
-    """Builds the node graph of this worker's shard lazily and iterates it."""
+    """Builds the node graph of this worker's shard lazily and iterates it.
+
+    The round a new ``iter()`` starts is decided by the training process alone and read
+    from a shared memory cell, so persistent workers (which keep this object across
+    ``iter()`` calls) start the round the loader asked for. A worker that reached its
+    shard's end inside its prefetch once moved itself to the next round, and a peek
+    followed by a ``for`` loop then ran the next epoch (issue 14).
+    """
 
     ROUND = "round"
     NODE = "node"
@@ -90,11 +100,21 @@ class NodeDataset(IterableDataset):
     def __init__(self, factory: GraphFactory, *, rank: int, world_size: int, num_workers: int):
         super().__init__()
         self.factory, self.rank, self.world_size, self.num_workers = factory, rank, world_size, num_workers
-        self.round = 0
+        # Passed to the workers when they start (fork or spawn), then shared.
+        self._round_cell = multiprocessing.RawValue("q", 0)
         self._root = None
         self._root_round: Optional[int] = None
         self._active_round = 0
         self._failed: Optional[Exception] = None
+
+    @property
+    def round(self) -> int:
+        """The round the next ``iter()`` starts (written by the training process only)."""
+        return int(self._round_cell.value)
+
+    @round.setter
+    def round(self, value: int) -> None:
+        self._round_cell.value = int(value)
 
     def _context(self, round_: int) -> ShardContext:
         info = get_worker_info()
@@ -130,10 +150,6 @@ class NodeDataset(IterableDataset):
         try:
             batch = next(self._root)
         except StopIteration:
-            # A persistent worker keeps this object: its next iter() is the next round.
-            # (In the main process the loader advances the round itself.)
-            if get_worker_info() is not None:
-                self.round = self._active_round + 1
             raise
         except Exception as e:
             _raise_portable(e)
@@ -149,8 +165,7 @@ class NodeDataset(IterableDataset):
         if not isinstance(state, Mapping) or set(state) != {self.ROUND, self.NODE}:
             raise StateError(f"worker state has keys {sorted(state) if isinstance(state, Mapping) else state!r}, "
                              f"expected {[self.ROUND, self.NODE]}; was it saved by a tokenloom loader?")
-        self.round = int(state[self.ROUND])
-        self._start(self.round, state[self.NODE])
+        self._start(int(state[self.ROUND]), state[self.NODE])
 
 
 #: What to tell the user when a setting differs from the one the state was saved with.
@@ -200,6 +215,10 @@ class TokenLoomLoader(StatefulDataLoader):
     PADDING_BATCHES = "padding_batches"
     STEPS = "steps"
     EARLIER = "earlier_rounds"
+    PHASE = "phase"
+    #: Where the current round stands: this rank still has data; this rank's data ended and
+    #: it yields padding batches until every rank's has (rank_sync); the round has ended.
+    DATA, PADDING, OVER = "data", "padding", "over"
 
     def __init__(self, factory: GraphFactory, *, config: Mapping[str, Any], rank: int = 0, world_size: int = 1,
                  num_workers: int = 0, stats_keys: Sequence[str] = (), stats_min_keys: Sequence[str] = (),
@@ -233,7 +252,12 @@ class TokenLoomLoader(StatefulDataLoader):
         self._worker_stats: Dict[str, List[int]] = {}
         self._earlier_rounds: List[int] = [0] * len(self.stats_keys)  # counters of finished rounds
         self._steps = 0  # batches handed to the training loop in this round
-        self._generation = 0  # bumped by load_state_dict: iterators from before a load refuse to continue
+        self._generation = 0  # bumped by iter() and load_state_dict(): older iterators refuse to continue
+        self._phase = self.DATA
+        # A state saved while this rank padded: the next iter() goes on padding (no workers
+        # started) until every rank's data ended; its inner state is kept for state_dict().
+        self._resume_padding = False
+        self._padding_inner: Optional[Dict[str, Any]] = None
         if rank_sync is not None and padding_batch is None:
             raise ValueError("rank_sync= needs padding_batch= (what a rank yields after its data ran out)")
         self.rank_sync, self.padding_batch = rank_sync, padding_batch
@@ -241,10 +265,18 @@ class TokenLoomLoader(StatefulDataLoader):
 
     # --- iteration ---------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
-        it = self._iterator
-        if it is not None and getattr(it, "_finished", False) and not self._initial_iter_for_state_dict:
+        """The round goes on from where the loop got to, by what the training loop saw:
+        after a round ended (a ``StopIteration`` reached the loop) the next round; after a
+        ``break`` or a peek, the current round from its start; after ``load_state_dict``,
+        the loaded position. The same with and without persistent workers."""
+        self._generation += 1
+        if self._resume_padding:
+            self._resume_padding = False
+            return _StatsIterator(self, iter(()), padding=True)
+        if self._phase == self.OVER:
             self.dataset.round += 1
             self._next_round()
+        self._phase, self._padding_inner = self.DATA, None
         return _StatsIterator(self, super().__iter__())
 
     def _see(self, batch: Any, count: bool = True) -> Any:
@@ -282,6 +314,7 @@ class TokenLoomLoader(StatefulDataLoader):
         self._earlier_rounds = [a + b for a, b in zip(self._earlier_rounds, now)]
         self._worker_stats = {}
         self._steps = 0
+        self._phase, self._padding_inner = self.DATA, None
 
     def worker_stats(self) -> Dict[str, List[int]]:
         """Per worker, the latest cumulative statistics vector seen by the training loop."""
@@ -299,8 +332,9 @@ class TokenLoomLoader(StatefulDataLoader):
                 self.PADDING_BATCHES: self._padding_batches,
                 self.STEPS: self._steps,
                 self.EARLIER: list(self._earlier_rounds),
+                self.PHASE: self._phase,
             },
-            self.LOADER: super().state_dict(),
+            self.LOADER: self._padding_inner if self._padding_inner is not None else super().state_dict(),
         }
 
     def load_state_dict(self, state_dict: Dict[str, Any], *, allow_weight_change: bool = False) -> None:
@@ -326,13 +360,23 @@ class TokenLoomLoader(StatefulDataLoader):
         self._padding_batches = int(meta[self.PADDING_BATCHES])
         self._steps = int(meta[self.STEPS])
         self._earlier_rounds = [int(x) for x in meta[self.EARLIER]]
-        if inner.get(_ITERATOR_FINISHED):
+        phase = meta[self.PHASE]
+        if phase not in (self.DATA, self.PADDING, self.OVER):
+            raise ValueError(f"loader state has {phase=}; expected one of {[self.DATA, self.PADDING, self.OVER]}")
+        self._resume_padding, self._padding_inner = False, None
+        if phase == self.OVER:
             # Saved after a round ran to its end: resume with the next round (meta-pytorch/data#1437).
             self.dataset.round = int(meta[self.ROUND]) + 1
             self._next_round()
             super().load_state_dict({})
+        elif phase == self.PADDING:
+            # This rank's data had ended but not every rank's: go on padding, in this round.
+            self.dataset.round = int(meta[self.ROUND])
+            self._phase, self._resume_padding, self._padding_inner = self.PADDING, True, inner
+            super().load_state_dict({})
         else:
             self.dataset.round = int(meta[self.ROUND])
+            self._phase = self.DATA
             super().load_state_dict(inner)
 
 
@@ -340,9 +384,10 @@ class _StatsIterator:
     """Passes batches through, taking out the statistics they carry; with a
     ``rank_sync``, keeps every rank stepping until all ranks ran out (see rank_sync.py)."""
 
-    def __init__(self, loader: TokenLoomLoader, it: Iterator[Any]):
+    def __init__(self, loader: TokenLoomLoader, it: Iterator[Any], padding: bool = False):
         self._loader, self._it = loader, it
-        self._local_done = False
+        self._local_done = padding  # this rank's data has ended: padding until every rank's has
+        self._ended = False
         self._generation = loader._generation
 
     def __iter__(self):
@@ -362,6 +407,10 @@ class _StatsIterator:
                 continue
             return batch
 
+    def _end(self) -> None:
+        self._ended = True
+        self._loader._phase = self._loader.OVER
+
     def _stop_workers(self) -> None:
         # The graph failed: stop the workers now. Left to a later gc pass (the traceback holds
         # the iterator in a cycle), the queues close first and the shutdown then waits 5 s per
@@ -375,18 +424,28 @@ class _StatsIterator:
     def __next__(self):
         loader = self._loader
         if self._generation != loader._generation:
-            # StatefulDataLoader would keep yielding from where this iterator stood (often batch 0).
-            raise RuntimeError("this iterator was created before loader.load_state_dict(); call iter(loader) "
-                               "again to continue from the loaded state")
+            # The loader's position now belongs to the newer iterator; going on here would
+            # share it (0 workers) or run a second stream beside it (workers), silently.
+            raise RuntimeError("this iterator is stale: iter(loader) or loader.load_state_dict() was called after "
+                               "it was made, and the loader's position now belongs to the newer iterator; "
+                               "keep using the iterator returned by the latest iter(loader)")
+        if self._ended:
+            raise StopIteration
         if loader.rank_sync is None:
-            return loader._see(self._next_kept())
+            try:
+                return loader._see(self._next_kept())
+            except StopIteration:
+                self._end()
+                raise
         batch = None
         if not self._local_done:
             try:
                 batch = self._next_kept()
             except StopIteration:
                 self._local_done = True
+                loader._phase = loader.PADDING
         if not loader.rank_sync.any_true(batch is not None):
+            self._end()
             raise StopIteration
         if batch is None:
             loader._padding_batches += 1

@@ -199,8 +199,11 @@ def show_state(args: argparse.Namespace) -> int:
     lines.append("progress")
     lines.append(f"  round {meta['round']}, {meta['steps']} batches handed to the training loop"
                  + (f", {meta['padding_batches']} padding batches" if meta.get("padding_batches") else ""))
-    if inner.get("_iterator_finished"):
+    phase = meta.get("phase")
+    if phase == "over":
         lines.append("  saved after the round ran to its end: a resume starts the next round")
+    elif phase == "padding":
+        lines.append("  this rank's data had ended; a resume yields padding batches until every rank's has")
     snapshot = inner.get("_snapshot")
     if snapshot is not None and config.get("num_workers"):
         nxt = (snapshot["_last_yielded_worker_id"] + 1) % config["num_workers"]
