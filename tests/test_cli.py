@@ -181,7 +181,7 @@ def test_state_reads_a_trainer_checkpoint_holding_the_loader_state(two_sources, 
 @pytest.mark.parametrize("argv,needle", [
     (["run", "--seq-len", "abc", "x"], "invalid int value: 'abc'"),
     (["run", "/nonexistent/dir/x.parquet", "--tokenizer", "demo"], "/nonexistent/dir/x.parquet"),
-    (["run", "{corpus}", "--tokenizer", "demo", "--seq-len", "0"], "seq_len=0"),
+    (["run", "{corpus}", "--tokenizer", "demo", "--seq-len", "0"], "--seq-len 0 must be >= 1"),
     (["run", "{corpus}", "--tokenizer", "demo", "--resume", "/nonexistent/state.pt"], "/nonexistent/state.pt"),
     (["run", "{corpus}"], "no tokenizer: pass --tokenizer PATH"),
     (["state", "/nonexistent/state.pt"], "no such file"),

@@ -10,18 +10,32 @@ Errors are one line on stderr with exit code 2 (a bad flag, a missing file, a
 value a recipe refuses), because a person at a terminal wants the cause, not a
 traceback; ``--debug`` lets the exception propagate. Errors raised in a loader
 worker arrive with the worker's traceback inside the message; the line keeps
-the worker and the error itself.
+the worker and the error itself. Advice worded for Python callers (``pass
+text_column=``) is said in flags (``pass --text-column``), see `cli_hints`.
+
+Output into a pipe that closes early (``tokenloom run ... | head``) ends the
+command quietly with exit code 141, what a shell reports for a command killed by
+SIGPIPE (``git log | head``, ``yes | head``): under ``set -o pipefail`` a script
+sees that the output was cut short, and tells it from success (0) and from an
+error (2). Python ignores SIGPIPE, so the write raises `BrokenPipeError`; stdout
+is then pointed at /dev/null so the interpreter's final flush does not raise again.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import re
+import select
 import sys
 from typing import Optional, Sequence
 
 from . import demo_cmd, inspect_cmd, run_cmd, state_cmd
+from .cli_hints import for_cli
 
 EXIT_ERROR = 2
+EXIT_PIPE_CLOSED = 128 + 13  # 128 + SIGPIPE, as a shell reports a command the signal ended
+_RST_LITERAL = re.compile(r"``(.+?)``")
 
 
 class UsageError(Exception):
@@ -35,6 +49,10 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str):  # type: ignore[override]
         raise UsageError(f"{self.prog}: error: {message} (see {self.prog} --help)")
 
+    def format_help(self) -> str:
+        # Descriptions come from module docstrings, written in reStructuredText: ``x`` reads as x.
+        return _RST_LITERAL.sub(r"\1", super().format_help())
+
 
 def one_line(e: BaseException) -> str:
     """The message of ``e`` on one line."""
@@ -46,6 +64,19 @@ def one_line(e: BaseException) -> str:
     if not isinstance(e, (ValueError, OSError, RuntimeError, TypeError)):
         lines[0] = f"{type(e).__name__}: {lines[0]}"
     return lines[0] + (" " + "; ".join(lines[1:]) if len(lines) > 1 else "")
+
+
+def stdout_closed() -> bool:
+    """Whether stdout is a pipe nobody reads any more (so a `BrokenPipeError` was ours
+    to write, not a worker's or a socket's)."""
+    if not hasattr(select, "poll"):  # pragma: no cover - Windows
+        return True
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(ev & select.POLLERR for _, ev in poller.poll(0))
+    except (OSError, ValueError):  # replaced by an object without a descriptor: not a pipe we wrote to
+        return False
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -71,13 +102,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(e, file=sys.stderr)
         return EXIT_ERROR
     try:
-        return args.run(args)
+        code = args.run(args)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
+        return code
     except KeyboardInterrupt:
         return 130
     except Exception as e:  # one clear line for people, full traceback with --debug
+        if isinstance(e, BrokenPipeError) and stdout_closed():
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return EXIT_PIPE_CLOSED
         if args.debug:
             raise
-        print(f"tokenloom: error: {one_line(e)}", file=sys.stderr)
+        print(f"tokenloom: error: {for_cli(one_line(e), getattr(args, 'recipe_built', None))}", file=sys.stderr)
         return EXIT_ERROR
 
 

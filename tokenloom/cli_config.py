@@ -107,15 +107,31 @@ TABLES = ("sources", "weights")
 DEFAULT_STEPS = 100
 
 
-def add_loader_arguments(parser: argparse.ArgumentParser) -> None:
+class Refused(argparse.Action):
+    """A flag a command does not use: refused with ``why`` rather than accepted and ignored
+    (hidden from --help; takes an optional value so ``--steps 5`` is one mistake, not two)."""
+
+    def __init__(self, option_strings, dest, why: str = "", **kwargs):
+        super().__init__(option_strings, dest, nargs="?", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+        self.why = why
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error(f"{option_string} {self.why}")
+
+
+def add_loader_arguments(parser: argparse.ArgumentParser, *, refuse: Optional[Mapping[str, str]] = None) -> None:
     """The sources, ``--config`` and every `SETTINGS` flag. Defaults are suppressed so
-    that only flags actually given override the TOML file."""
+    that only flags actually given override the TOML file. ``refuse`` maps setting keys
+    the command does not use to why (the TOML file, shared with ``run``, may still hold them)."""
     parser.add_argument("sources", nargs="*", default=argparse.SUPPRESS, metavar="SOURCE",
                         help="name=path or path (file, glob, directory, URI); several names are mixed")
     parser.add_argument("--config", metavar="TOML", help="read settings from a TOML file; flags override it")
     parser.add_argument("--weights", nargs="+", default=argparse.SUPPRESS, metavar="NAME=W",
                         help="weight per named source, e.g. --weights code=0.7 prose=0.3")
     for s in SETTINGS:
+        if refuse and s.key in refuse:
+            parser.add_argument(s.flag, action=Refused, why=refuse[s.key])
+            continue
         only = "" if s.recipes == BOTH else f" [{'/'.join(s.recipes)} only]"
         default = _recipe_default(s)
         shown = f" (default: {default})" if default is not None and "default:" not in s.help else ""
@@ -131,7 +147,8 @@ def _recipe_default(s: Setting) -> Any:
     if s.kwarg is None:
         return None
     fn = pretrain if s.recipes[0] == "pretrain" else sft
-    return inspect.signature(fn).parameters[s.kwarg].default
+    default = inspect.signature(fn).parameters[s.kwarg].default
+    return None if default is inspect.Parameter.empty else default  # required (tokenizer): no default to show
 
 
 def parse_sources(items: List[str]) -> Any:

@@ -25,7 +25,8 @@ GREEN, DIM, RESET = "\x1b[32m", "\x1b[2m", "\x1b[0m"
 def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("inspect", parents=[common], help="decode the first rows of the first batch",
                        description=__doc__.split("\n\n")[0])
-    add_loader_arguments(p)
+    add_loader_arguments(p, refuse={"steps": "is not used by inspect, which decodes the first batch only; "
+                                             "use --rows N for more of its rows, or tokenloom run --steps N"})
     p.add_argument("--rows", type=int, default=4, help="rows to show (default: %(default)s)")
     p.add_argument("--chars", type=int, default=600, help="characters of text per row (default: %(default)s)")
     p.add_argument("--color", choices=("auto", "always", "never"), default="auto",
@@ -98,6 +99,7 @@ def inspect_batch(args: argparse.Namespace) -> int:
     if args.rows < 1 or args.chars < 1:
         raise ValueError(f"--rows {args.rows} and --chars {args.chars} must be >= 1")
     settings = merged_settings(args)
+    args.recipe_built = settings.get("recipe")  # names the recipe's flags in an error
     recipe, loader = build_loader(settings)
     print(describe(recipe, loader))
     batch = next(iter(loader), None)

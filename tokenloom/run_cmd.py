@@ -25,6 +25,8 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     add_loader_arguments(p)
     p.add_argument("--save-state", metavar="FILE", help="torch.save(loader.state_dict()) here after the last step")
     p.add_argument("--resume", metavar="FILE", help="load a state saved by --save-state before the first step")
+    p.add_argument("--allow-weight-change", action="store_true",
+                   help="with --resume: accept --weights other than the saved ones (the new mixture starts here)")
     p.add_argument("--dump-batches", metavar="FILE", help="torch.save the batches produced (a list of dicts)")
     p.add_argument("--plot", metavar="PNG", help="also draw the summary figures to this PNG (needs matplotlib)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -33,13 +35,16 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     settings = merged_settings(args)
+    args.recipe_built = settings.get("recipe")  # names the recipe's flags in an error
+    if args.allow_weight_change and not args.resume:
+        raise ValueError("--allow-weight-change applies to a resumed run: add --resume FILE, or leave it out")
     steps = steps_to_take(settings)
     # Read the state before building: a wrong path should not cost a corpus listing first.
     state = load_state(args.resume, "--resume") if args.resume else None
     recipe, loader = build_loader(settings)
     print(describe(recipe, loader))
     if state is not None:
-        loader.load_state_dict(state)
+        loader.load_state_dict(state, allow_weight_change=args.allow_weight_change)
         meta = state["tokenloom"]
         print(f"resumed from {args.resume}: round {meta['round']}, {meta['steps']} batches already taken")
 
