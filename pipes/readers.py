@@ -12,6 +12,12 @@ its files; empty files among others contribute nothing.
 The format comes from the file endings (``.parquet``, ``.jsonl``/``.json``/``.ndjson``,
 ``.txt``/``.md``/``.text``); a directory is searched for each format and must
 hold exactly one kind, or ``fmt=`` must say which.
+
+A missing or wrongly typed column is reported by the listing (parquet footers,
+the first jsonl record) in the words of the pipes (``field=``, ``text_column=``);
+`plan_source` re-words it for its caller, whose parameter may be called
+``messages_field`` (``column_param``; by default from ``require_type``: a list is a
+conversation, so ``sft(messages_field=)``).
 """
 
 from __future__ import annotations
@@ -30,6 +36,23 @@ from .sources import FORMAT_SUFFIXES, SourceFile, SourceSpec, fingerprint_files,
 from .text_files import ReadText, list_text_units
 
 TEXT_MODES = ("file", "paragraphs")
+
+# How the listing names the column parameter, longest first; `plan_source` puts its caller's name there.
+_COLUMN_HINTS = (
+    # list_jsonl_units: also offers field=None and on_error=, which the recipes do not take.
+    ("Pass field= (text_column= in recipes) naming one of them; if only some records lack it, pass field=None "
+     "here to list without this check and on_error='skip' to the reader", "Pass {param}= naming one of them"),
+    ("field= (text_column= in recipes)", "{param}="),
+    ("text_column=", "{param}="),  # parquet's check_column
+)
+
+
+def _reworded(text: str, param: str) -> Optional[str]:
+    """``text`` with the column parameter called ``param``; None when it names none."""
+    for old, new in _COLUMN_HINTS:
+        if old in text:
+            return text.replace(old, new.format(param=param))
+    return None
 
 
 @dataclass
@@ -97,9 +120,11 @@ def detect_format(spec: SourceSpec) -> str:
 
 def plan_source(name: str, spec: SourceSpec, *, column: str = "text", text_mode: str = "file",
                 fmt: Optional[str] = None, require_type: Optional[type] = str,
-                manifest: Optional[str] = None) -> SourcePlan:
+                manifest: Optional[str] = None, column_param: Optional[str] = None) -> SourcePlan:
     """Resolve, check and list one source (see the module docstring); ``manifest`` is the
-    path or URI of a parquet source's index when it is not in the default place."""
+    path or URI of a parquet source's index when it is not in the default place;
+    ``column_param`` is what the caller calls ``column`` in its errors (default:
+    ``messages_field`` when ``require_type`` is list, else ``text_column``)."""
     if text_mode not in TEXT_MODES:
         raise ValueError(f"{text_mode=} is not one of {TEXT_MODES}")
     fmt = fmt or detect_format(spec)
@@ -107,13 +132,20 @@ def plan_source(name: str, spec: SourceSpec, *, column: str = "text", text_mode:
         raise ValueError(f"manifest={manifest!r} is an index of parquet files, but source {name!r} is {fmt}; "
                          "leave manifest= out for it")
     files = resolve_files(spec, fmt)
-    if fmt == "parquet":
-        require = TEXT if require_type is str else LIST if require_type is list else None
-        units = list_units(files, column, require=require, manifest=manifest)
-    elif fmt == "jsonl":
-        units = list_jsonl_units(files, field=column)
-    else:
-        units = list_text_units(files, mode=text_mode)
+    param = column_param or ("messages_field" if require_type is list else "text_column")
+    try:
+        if fmt == "parquet":
+            require = TEXT if require_type is str else LIST if require_type is list else None
+            units = list_units(files, column, require=require, manifest=manifest)
+        elif fmt == "jsonl":
+            units = list_jsonl_units(files, field=column)
+        else:
+            units = list_text_units(files, mode=text_mode)
+    except ValueError as e:
+        reworded = _reworded(str(e), param)
+        if reworded is None:
+            raise
+        raise ValueError(reworded) from e
     if units.total_rows == 0:
         more = f" and {len(files) - 3} more" if len(files) > 3 else ""
         shown = ", ".join(f.uri or f.path for f in files[:3]) + more

@@ -24,15 +24,23 @@ weighted ones sample shorter datasets again), ``"max"`` (until every dataset was
 seen once, cycling the shorter), ``"min"`` (until the first dataset runs out),
 ``"steps"`` (``steps`` batches). ``cycle_shorter`` overrides whether shorter
 datasets restart within an epoch.
+
+Datasets with different keys (``{"question", "answer"}`` next to ``{"text"}``) are
+collated as ``create_multiplex_dataloader``'s default collate does: every key of any
+example in the batch, ``None`` where an example lacks it. Such a column is a list
+(with its ``None``), whatever its values: a tensor with holes would shift rows.
+So its type depends on which datasets a batch drew from; pass ``collate_fn`` to get
+tensors from datasets of different shapes.
 """
 
 from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from tokenloom.pipes.examples import BatchExamples, ReadList, Take
+from tokenloom.pipes.check_args import check_int
+from tokenloom.pipes.examples import BatchExamples, ReadList, Take, default_collate
 from tokenloom.pipes.loader import ShardContext, TokenLoomLoader
 from tokenloom.pipes.mix import Mix
 from tokenloom.pipes.shard import ShardUnits, check_shardable
@@ -74,9 +82,22 @@ class MultiplexGraph:
             # This shard's share of the epoch's examples: the shares of all shards add up to the limit.
             g, s = ctx.shard, ctx.num_shards
             node = Take(node, self.limit * (g + 1) // s - self.limit * g // s)
-        batch = BatchExamples(node, batch_size=self.batch_size, sources=names, collate_fn=self.collate_fn,
-                              drop_last=self.drop_last)
+        batch = BatchExamples(node, batch_size=self.batch_size, sources=names,
+                              collate_fn=self.collate_fn or collate_examples, drop_last=self.drop_last)
         return WithStats(batch, counters=batch.counts, keys=[*names, "dropped_examples"], worker=ctx.worker)
+
+
+def collate_examples(batch: List[Any]) -> Any:
+    """`default_collate`, except that dicts with different keys give the union of the keys,
+    ``None`` where an example lacks one, and such a column stays a list (see the module
+    docstring)."""
+    if not batch or not all(isinstance(b, Mapping) for b in batch):
+        return default_collate(batch)
+    keys = dict.fromkeys(k for b in batch for k in b)  # first-seen order: the first example's keys first
+    if all(len(b) == len(keys) for b in batch):
+        return default_collate(batch)
+    return {k: default_collate([b[k] for b in batch]) if all(k in b for b in batch) else [b.get(k) for b in batch]
+            for k in keys}
 
 
 @dataclass
@@ -116,6 +137,11 @@ def multiplex(
     **loader_kwargs: Any,
 ) -> TokenLoomLoader:
     """Build the multiplexed loader (see the module docstring)."""
+    batch_size = check_int("batch_size", batch_size, 1)
+    num_workers = check_int("num_workers", num_workers, 0)
+    shuffle_seed = check_int("shuffle_seed", shuffle_seed, 0)
+    burst = check_int("burst", burst, 1)
+    steps = check_int("steps", steps, 1, none_ok=True, none_means="set by epoch_length")
     datasets = [(str(n), d) for n, d in datasets]
     names = [n for n, _ in datasets]
     if not datasets:

@@ -4,10 +4,13 @@
 are not -100: the tokens a model is trained on) and records when each batch
 arrived, so throughput includes worker start-up, as a training loop feels it.
 `summary_lines` turns that trace, ``loader.stats()`` and the saved state's size
-into the text `tokenloom demo` and `tokenloom run` print; the packing and
-per-source table are `tokenloom.pipes.format_stats`'s, so logs and the command
-line read the same. A loader state is ~13 KiB at 2 workers and a 1000-document
-buffer, whatever the corpus size.
+into the text `tokenloom demo` and `tokenloom run` print; the per-source table
+is `tokenloom.pipes.format_stats`'s, so logs and the command line read the same.
+Two document counts differ and the summary says which is which: the packer
+counts documents *read into* it, the table counts documents that *begin in the
+batches delivered*; the difference is what waits in the packers' buffers (up to
+``buffer_size`` per worker: ~2,000 of ~47,000 in the demo). A loader state is
+~13 KiB at 2 workers and a 1000-document buffer, whatever the corpus size.
 """
 
 from __future__ import annotations
@@ -101,6 +104,24 @@ def _row(label: str, text: str) -> str:
     return f"  {label:<15}{text}"
 
 
+def packing_lines(stats: Dict[str, Any]) -> List[str]:
+    """Tokens in rows, padding, discarded and cut documents, then the two document counts
+    (see the module docstring); nothing for a loader that does not pack (multiplex)."""
+    tokens_in, out, pad = stats.get("tokens_in", 0), stats.get("tokens_out", 0), stats.get("padding", 0)
+    if not (tokens_in or out):
+        return []
+    pulled, cut = stats.get("documents", 0), stats.get("chunked", 0)
+    lines = [_row("packing", f"{out:,} tokens in rows, padding {100 * pad / max(out + pad, 1):.3f}%, "
+                             f"discarded {100 * stats.get('discarded', 0) / max(tokens_in, 1):.3f}%, "
+                             f"{cut:,} documents cut across rows")]
+    sources = stats.get("sources") or {}
+    text = f"{pulled:,} read into the packer"
+    if sources:
+        begun = sum(s["documents"] for s in sources.values())
+        text += f", {begun:,} of them begin in these batches (the table below), {pulled - begun:,} still buffered"
+    return lines + [_row("documents", text)]
+
+
 def summary_lines(trace: Trace, stats: Dict[str, Any], state_size: Optional[int] = None) -> List[str]:
     """The end-of-run summary: batches and time, target tokens/s, packing waste, the
     per-source share against its target, and the loader state's size."""
@@ -111,9 +132,8 @@ def summary_lines(trace: Trace, stats: Dict[str, Any], state_size: Optional[int]
                                     f"({trace.target_tokens:,} tokens with a label)"))
     if state_size is not None:
         lines.append(_row("loader state", f"{state_size / 1024:.1f} KiB (torch.save), plain data"))
-    for line in format_stats(stats).splitlines():
-        # format_stats starts with "packing: ..."; align it with the rows above.
-        lines.append(_row("packing", line[len("packing: "):]) if line.startswith("packing: ") else "  " + line)
+    lines += packing_lines(stats)
+    lines += ["  " + line for line in format_stats(stats).splitlines() if not line.startswith("packing: ")]
     chat = stats.get("conversations")
     if chat:
         lines.append(_row("conversations", ", ".join(f"{k.replace('_', ' ')} {v:,}" for k, v in chat.items())))

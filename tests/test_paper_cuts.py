@@ -1,0 +1,242 @@
+"""The first hour's paper cuts (issue 14): what a new user met on the command line and in
+error messages, each pinned by a test that failed before its fix.
+
+Commands run in-process through `tokenloom.cli.main` on small real corpora; the
+closed-pipe test runs ``python -m tokenloom`` in a subprocess, since only a real
+pipe can be closed under it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from tokenloom import run_cmd
+from tokenloom.cli import EXIT_PIPE_CLOSED, main
+from tokenloom.cli_hints import FLAG_OF, NO_FLAG, for_cli
+from tokenloom.pipes.check_args import check_int
+from tokenloom.progress import Progress
+from tokenloom.recipes import multiplex, pretrain, sft
+from tokenloom.summary import Trace, summary_lines, take
+
+from .conftest import synthetic_texts, write_corpus
+from .test_sft import conversation, write_jsonl
+
+SMALL = ["--seq-len", "32", "--batch-size", "2", "--buffer-size", "40", "--tokenizer", "demo", "--quiet"]
+
+
+@pytest.fixture(scope="module")
+def text_parquet(tmp_path_factory):
+    """One parquet source with a 'text' column only."""
+    root = tmp_path_factory.mktemp("cuts_text")
+    write_corpus(str(root), synthetic_texts(200, seed=3), files=1, row_group_size=50)
+    return str(root)
+
+
+@pytest.fixture(scope="module")
+def two_sources(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cuts_two")
+    a = write_corpus(str(root / "a"), synthetic_texts(200, seed=1, tag="a"), files=1, row_group_size=40)
+    b = write_corpus(str(root / "b"), synthetic_texts(200, seed=2, tag="b"), files=1, row_group_size=40)
+    return [f"a={a[0]}", f"b={b[0]}"]
+
+
+def error_line(capsys) -> str:
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+# --- 1. advice names flags, or says there is none ---------------------------------------
+
+def test_sft_on_parquet_without_messages_names_the_messages_field_flag(text_parquet, capsys):
+    assert main(["run", "--recipe", "sft", text_parquet, *SMALL]) == 2
+    line = error_line(capsys)
+    assert "column 'messages' not found" in line and "Pass --messages-field with one of them" in line, line
+    assert "text_column" not in line and "messages_field=" not in line, line
+
+
+def test_bad_value_is_said_as_its_flag(text_parquet, capsys):
+    assert main(["run", text_parquet, *SMALL, "--epochs", "0"]) == 2
+    line = error_line(capsys)
+    assert line.startswith("tokenloom: error: --epochs 0 must be") and "epochs=" not in line, line
+
+
+def test_reader_hint_for_a_keyword_without_a_flag_says_so(tmp_path, capsys):
+    rng = np.random.default_rng(0)
+    records = [conversation(i, rng) for i in range(30)]
+    records[17] = {"msgs": records[17]["messages"]}  # one record, past the listing's first-record check
+    path = write_jsonl(tmp_path / "chats.jsonl", records)
+    assert main(["run", "--recipe", "sft", path, *SMALL, "--epochs", "1"]) == 2
+    line = error_line(capsys)
+    assert "no field 'messages'" in line and "Pass --messages-field naming one of the keys" in line, line
+    assert "on_error='skip'" in line and "(on_error= is a Python API keyword with no command-line flag)" in line
+    assert "text_column" not in line, line
+
+
+def test_changed_weights_on_resume_point_to_the_flag_that_allows_it(two_sources, tmp_path, capsys):
+    state = str(tmp_path / "state.pt")
+    base = ["run", *two_sources, *SMALL, "--steps", "3"]
+    assert main([*base, "--weights", "a=0.6", "b=0.4", "--save-state", state]) == 0
+    capsys.readouterr()
+    assert main([*base, "--weights", "a=0.5", "b=0.5", "--resume", state]) == 2
+    line = error_line(capsys)
+    assert "pass the same --weights, or pass --allow-weight-change to switch mixtures" in line, line
+    assert "allow_weight_change" not in line and "load_state_dict" not in line, line
+    assert main([*base, "--weights", "a=0.5", "b=0.5", "--resume", state, "--allow-weight-change"]) == 0
+    out = capsys.readouterr().out
+    assert f"resumed from {state}: round 0, 3 batches already taken" in out and "weights a=0.50 b=0.50" in out
+    assert main([*base, "--weights", "a=0.5", "b=0.5", "--allow-weight-change"]) == 2
+    assert "--allow-weight-change applies to a resumed run" in error_line(capsys)
+
+
+def test_for_cli_rewrites_keywords_outside_quotes_only():
+    saved = "mix: saved with 'interleave unit=tokens stop=never', this loader has 'random unit=tokens stop=never'"
+    assert for_cli(saved) == saved
+    assert for_cli("stop='first_exhausted' needs epochs=n") == "--stop 'first_exhausted' needs --epochs n"
+    assert for_cli("pass the same num_workers to resume") == "pass the same --workers to resume"
+    assert for_cli("expected name=weight, e.g. code=0.7") == "expected name=weight, e.g. code=0.7"
+    assert for_cli("pass stop='x' with cycle_exhausted=False or pattern=[a]").endswith(
+        "(cycle_exhausted=, pattern= are Python API keywords with no command-line flag)")
+
+
+def test_every_flag_named_in_advice_exists_and_no_keyword_is_both(capsys):
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    help_text = capsys.readouterr().out
+    for keyword, flag in FLAG_OF.items():
+        assert flag in help_text, (keyword, flag)
+    assert not set(FLAG_OF) & set(NO_FLAG)
+
+
+# --- 2. --help reads cleanly --------------------------------------------------------------
+
+@pytest.mark.parametrize("command", [[], ["demo"], ["run"], ["inspect"], ["state"], ["index"]])
+def test_help_has_no_rst_markup_and_no_empty_default(command, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main([*command, "--help"])
+    assert exit_.value.code == 0
+    text = capsys.readouterr().out
+    assert "usage: tokenloom" in text
+    assert "``" not in text and "inspect._empty" not in text and "<class" not in text, text
+
+
+# --- 3. flags a command does not use are refused ----------------------------------------------
+
+def test_inspect_refuses_steps_but_a_shared_config_may_hold_them(text_parquet, tmp_path, capsys):
+    assert main(["inspect", text_parquet, *SMALL[:-1], "--steps", "5"]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""  # refused before anything was built
+    assert "--steps is not used by inspect" in err and "--rows" in err, err
+    cfg = tmp_path / "run.toml"
+    cfg.write_text(f'steps = 5\ntokenizer = "demo"\nseq_len = 32\nbatch_size = 2\n[sources]\ndefault = "{text_parquet}"\n')
+    assert main(["inspect", "--config", str(cfg), "--rows", "1"]) == 0
+    assert "row 0:" in capsys.readouterr().out
+
+
+# --- 4. a closed pipe ends quietly ------------------------------------------------------------
+
+def test_output_into_a_closed_pipe_ends_quietly_with_141(text_parquet):
+    argv = [sys.executable, "-m", "tokenloom", "run", text_parquet, *SMALL, "--steps", "2"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    proc.stdout.close()  # the reader is gone before the first line, as `| head -0` would be
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == EXIT_PIPE_CLOSED == 141
+    assert "Broken pipe" not in err and "Exception ignored" not in err and "error" not in err, err
+
+
+def test_a_broken_pipe_that_is_not_stdout_is_still_an_error(monkeypatch, capfd):
+    def run(args):
+        raise BrokenPipeError(32, "Broken pipe")  # as a dead worker's or a socket's would
+
+    monkeypatch.setattr(run_cmd, "run", run)
+    assert main(["run", "x"]) == 2
+    assert "tokenloom: error: [Errno 32] Broken pipe" in capfd.readouterr().err
+
+
+# --- 5. multiplex datasets with different keys ---------------------------------------------
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_multiplex_collates_different_keys_as_the_seed_does(workers):
+    qa = [{"question": f"q{i}", "answer": i} for i in range(40)]
+    texts = [{"text": f"t{i}", "answer": -i} for i in range(40)]
+    loader = multiplex([("qa", qa), ("texts", texts)], batch_size=8, sampling_strategy="round_robin",
+                       num_workers=workers)
+    batches = list(loader)
+    assert sum(len(b["dataset_name"]) for b in batches) == 80
+    for b in batches:
+        assert list(b) == ["question", "answer", "dataset_name", "dataset_idx", "text"]
+        for i, name in enumerate(b["dataset_name"]):
+            assert (b["question"][i] is None) == (name == "texts")
+            assert (b["text"][i] is None) == (name == "qa")
+        assert b["answer"].dtype == torch.int64  # a key every example has is collated as before
+    single = next(iter(multiplex([("qa", qa)], batch_size=4)))
+    assert set(single) == {"question", "answer", "dataset_name", "dataset_idx"}
+
+
+def test_multiplex_refuses_a_string_batch_size():
+    with pytest.raises(TypeError, match=r"batch_size='32' must be an int, not str: pass batch_size=32"):
+        multiplex([("a", [{"x": 1}] * 4)], batch_size="32")
+
+
+# --- 6. the column parameter is named as the recipe calls it -----------------------------
+
+def test_recipes_name_their_own_column_parameter(text_parquet, tmp_path, tok_path):
+    with pytest.raises(ValueError) as e:
+        sft(text_parquet, tokenizer=tok_path)
+    assert "Pass messages_field= with one of them" in str(e.value) and "text_column" not in str(e.value)
+    with pytest.raises(ValueError) as e:
+        sft(text_parquet, tokenizer=tok_path, messages_field="text")
+    assert "not a list (of messages); pass messages_field= naming a list column" in str(e.value)
+    path = write_jsonl(tmp_path / "c.jsonl", [{"msgs": []}] * 3)
+    with pytest.raises(ValueError) as e:
+        sft(path, tokenizer=tok_path)
+    assert str(e.value).endswith("no field 'messages'; the line has keys ['msgs']. Pass messages_field= naming "
+                                 "one of them"), str(e.value)
+    with pytest.raises(ValueError, match=r"Pass text_column= with one of them"):
+        pretrain(text_parquet, tokenizer=tok_path, text_column="body")
+
+
+# --- 7. integer arguments -------------------------------------------------------------------
+
+def test_check_int():
+    assert check_int("seq_len", np.int64(2048), 1) == 2048 and type(check_int("n", np.int32(3))) is int
+    with pytest.raises(TypeError, match=r"^seq_len='2048' must be an int, not str: pass seq_len=2048$"):
+        check_int("seq_len", "2048", 1)
+    with pytest.raises(TypeError, match=r"batch_size=True must be an int, not bool"):
+        check_int("batch_size", True, 1)
+    with pytest.raises(TypeError, match=r"seq_len=2048.0 must be an int, not float: pass seq_len=2048"):
+        check_int("seq_len", 2048.0, 1)
+    with pytest.raises(ValueError, match=r"^buffer_size=0 must be >= 1$"):
+        check_int("buffer_size", 0, 1)
+    assert check_int("epochs", None, 1, none_ok=True) is None
+    with pytest.raises(ValueError, match=r"epochs=0 must be >= 1 or None \(cycle forever\)"):
+        check_int("epochs", 0, 1, none_ok=True, none_means="cycle forever")
+    with pytest.raises(TypeError, match=r"epochs='x' must be an int \(or None: cycle forever\), not str$"):
+        check_int("epochs", "x", 1, none_ok=True, none_means="cycle forever")
+
+
+# --- 8. the summary says which document count is which -------------------------------------
+
+def test_summary_tells_documents_read_from_documents_delivered(two_sources, tok_path):
+    loader = pretrain({s.split("=")[0]: s.split("=")[1] for s in two_sources}, tokenizer=tok_path, seq_len=32,
+                      batch_size=2, buffer_size=40, weights={"a": 0.5, "b": 0.5})
+    trace = Trace()
+    take(iter(loader), 5, trace, Progress("pretrain", 5, enabled=False))
+    stats = loader.stats()
+    begun = sum(s["documents"] for s in stats["sources"].values())
+    assert 0 < begun < stats["documents"]  # the buffer holds documents no batch has begun yet
+    lines = summary_lines(trace, stats)
+    packing = next(line for line in lines if line.startswith("  packing"))
+    assert f"{stats['documents']:,} documents" not in packing
+    assert f"  documents      {stats['documents']:,} read into the packer, {begun:,} of them begin in these " \
+           f"batches (the table below), {stats['documents'] - begun:,} still buffered" in lines
