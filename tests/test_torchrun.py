@@ -135,10 +135,10 @@ def test_dcp_loader_state_in_one_process(corpus, tok_path, tmp_path):
 
 # --- two ranks under torchrun --------------------------------------------------------
 
-def _torchrun(*args, timeout=120):
-    """Launch dist_job.py on 2 ranks; kill the whole process group if it hangs."""
+def _torchrun(*args, timeout=120, job=JOB):
+    """Launch ``job`` (dist_job.py) on 2 ranks; kill the whole process group if it hangs."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONHASHSEED="0")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", JOB, *args]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", job, *args]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                             start_new_session=True)
     try:
@@ -255,3 +255,34 @@ def test_two_ranks_finite_epoch_and_dcp_resume(dist_corpus, tok_path, tmp_path):
         got = torch.load(out / f"model_resumed_rank{r}.pt", weights_only=True)
         assert items_equal(saved, got), f"rank {r}: the model did not come back from DCP"
     assert resumed[0]["batches"] == resumed[1]["batches"] == n - SAVE_STEP
+
+
+PAD_JOB = os.path.join(os.path.dirname(__file__), "pad_resume_job.py")
+
+
+@pytest.mark.slow
+def test_two_ranks_resume_from_a_padding_step_and_the_last_step(corpus, tok_path, tmp_path):
+    """A state saved while one rank pads, and one saved at the epoch's last step, resume into
+    the uninterrupted batches on both ranks: the rest of the epoch, then the next epoch."""
+    glob, _ = corpus  # heavy-tailed lengths: the ranks' batch counts differ
+    out = tmp_path / "out"
+    out.mkdir()
+    run = _torchrun("run", glob, tok_path, str(out), "1", job=PAD_JOB)
+    n = run[0]["batches"]
+    assert run[1]["batches"] == n
+    full = {r: torch.load(out / f"run_rank{r}.pt", weights_only=False) for r in (0, 1)}
+    padding = {r: [k for k, b in enumerate(full[r][0]) if int((b["labels"] != -100).sum()) == 0] for r in (0, 1)}
+    pad_rank = 0 if padding[0] else 1
+    assert padding[pad_rank] and padding[pad_rank][0] < n - 1, f"one rank must pad for several steps: {padding}"
+    first_pad_step = padding[pad_rank][0] + 1  # the state saved after the first padding batch
+    for step in (first_pad_step, n - 1, n):
+        resumed = _torchrun("resume", glob, tok_path, str(out), "1", str(step), job=PAD_JOB)
+        for r in (0, 1):
+            rest, second = torch.load(out / f"resume{step}_rank{r}.pt", weights_only=False)
+            want_rest, want_second = full[r][0][step:], full[r][1]
+            assert resumed[r]["batches"] == len(want_rest), (
+                f"rank {r} resumed after step {step} of {n}: {len(rest)} batches, expected {len(want_rest)}")
+            for j, (a, b) in enumerate(zip(rest, want_rest)):
+                assert items_equal(a, b), f"rank {r} resumed after step {step}: batch {step + j} differs"
+            assert len(second) == len(want_second) and all(items_equal(a, b) for a, b in zip(second, want_second)), (
+                f"rank {r} resumed after step {step}: the next epoch differs")
