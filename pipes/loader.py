@@ -230,6 +230,12 @@ class TokenLoomLoader(StatefulDataLoader):
                 raise TypeError(f"{bad}= is decided by the node graph, not by the DataLoader; remove it")
         if num_workers < 0:
             raise ValueError(f"{num_workers=} must be >= 0")
+        if loader_kwargs.get("in_order", True) is not True:
+            # Batches would come in whichever order the workers finish them: no two runs alike,
+            # and the saved position would not be the batch the loop last saw.
+            raise ValueError(f"in_order={loader_kwargs['in_order']!r} is not supported: batches would arrive in the "
+                             "order workers finish them, so runs differ and a resume is not exact; remove it "
+                             "(tokenloom's workers keep batches ready, so a slow worker does not stall the loop)")
         if num_workers == 0:
             for opt in ("prefetch_factor", "persistent_workers"):
                 if loader_kwargs.get(opt):
