@@ -153,3 +153,10 @@ def test_an_iterator_made_stale_by_a_new_iter_refuses_to_continue(corpus, tok_pa
     ref = iter(reference)
     assert items_equal(first, next(ref))
     assert items_equal(next(new), next(ref)), "the newest iterator goes on undisturbed"
+
+
+def test_in_order_false_is_refused_with_the_reason(corpus, tok_path):
+    glob, _ = corpus
+    with pytest.raises(ValueError, match=r"in_order=False is not supported.*resume is not exact"):
+        pretrain(glob, tokenizer=tok_path, seq_len=127, batch_size=2, num_workers=2, in_order=False)
+    pretrain(glob, tokenizer=tok_path, seq_len=127, batch_size=2, num_workers=2, in_order=True)  # the default is fine
