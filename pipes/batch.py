@@ -5,7 +5,7 @@ From ``B`` rows of ``C = T + 1`` tokens:
 | key | shape, dtype | meaning |
 |---|---|---|
 | ``input_ids`` | (B, T) int64 | ``row[:-1]`` |
-| ``labels`` | (B, T) int64 | ``row[1:]``; -100 where the target is padding or not trained (sft) |
+| ``labels`` | (B, T) int64 | ``row[1:]``; -100 where the target is padding or not trained (sft); ``end_label`` after a document's last token |
 | ``position_ids`` | (B, T) int64 | restart at 0 at every segment start (and for a padding run) |
 | ``segment_ids`` | (B, T) int32 | 1, 2, ... per segment in a row; 0 = padding |
 | ``cu_seqlens`` | (B*T + 1,) int32 | FlashAttention varlen boundaries over the flattened (B*T) inputs; a padding run is its own sequence; trailing entries repeat B*T |
@@ -17,6 +17,18 @@ sequence) so its shape never changes: repeated trailing values are
 zero-length sequences, which varlen kernels skip; ``cu_seqlens[:num_seqs + 1]``
 gives the exact list when a dynamic shape is fine. FlexAttention document masks
 need only ``segment_ids``.
+
+Document ends: the packers cut a document only at the end of a row (flat: the
+row is full; bestfit: a long document's chunk fills the row or the rest of it;
+crop: the cropped document fills the rest of the row), so a segment followed by
+anything inside its row, another segment or padding, is a whole document's end.
+With ``end_label`` set, the label of that last token is ``end_label`` in every
+mode: the BOS id (the recipes' ``predict_bos=True``: the model learns where a
+document ends, whatever follows it in the row) or -100 (``predict_bos=False``:
+nothing is trained across a document boundary). ``None`` keeps ``row[1:]``
+there: the next document's first token, a continuing chunk's first token, or
+-100 before padding, which is what a hand-built graph gets unless it chooses.
+It costs one numpy assignment per batch.
 
 The batch is complete inside one ``next()``, so the batcher's state is just its
 parent's. A finite stream's last batch is filled with padding rows (all labels
@@ -37,14 +49,18 @@ from .schedule import StepClock
 IGNORE_INDEX = -100
 
 
-def collate_rows(rows: List[Row], *, batch_size: int, seq_len: int, pad_id: int) -> Dict[str, torch.Tensor]:
-    """Build the batch dict from up to ``batch_size`` rows (missing rows are padding)."""
+def collate_rows(rows: List[Row], *, batch_size: int, seq_len: int, pad_id: int,
+                 end_label: Optional[int] = None) -> Dict[str, torch.Tensor]:
+    """Build the batch dict from up to ``batch_size`` rows (missing rows are padding);
+    ``end_label``: the label after every whole document's last token (see the module docstring)."""
     B, T, C = batch_size, seq_len, seq_len + 1
     tokens = np.full((B, C), pad_id, dtype=np.int64)
     target = np.zeros((B, C), dtype=bool)  # token j is a training target
     seg_ids = np.zeros((B, C), dtype=np.int32)
     pos_ids = np.zeros((B, C), dtype=np.int64)
     bounds: List[np.ndarray] = []
+    end_rows: List[np.ndarray] = []
+    end_cols: List[np.ndarray] = []
     max_seqlen = 0
     for b in range(B):
         if b < len(rows):
@@ -66,6 +82,13 @@ def collate_rows(rows: List[Row], *, batch_size: int, seq_len: int, pad_id: int)
             target[b, :real] = mask[:real]
         else:
             target[b, :real] = True
+        if end_label is not None and k:
+            # A segment's last token is an input (below T) only when something follows it in the
+            # row, and then it is its document's last token (see the module docstring).
+            ends = starts[:k] + lens - 1
+            ends = ends[(ends >= 0) & (ends < T)]
+            end_rows.append(np.full(len(ends), b))
+            end_cols.append(ends)
         # Boundaries of the inputs (first T tokens): piece starts below T, then T.
         in_starts = starts[starts < T]
         bounds.append(in_starts + b * T)
@@ -73,6 +96,8 @@ def collate_rows(rows: List[Row], *, batch_size: int, seq_len: int, pad_id: int)
         max_seqlen = max(max_seqlen, int((ends - in_starts).max()))
     labels = tokens[:, 1:].copy()
     labels[~target[:, 1:]] = IGNORE_INDEX
+    if end_rows:
+        labels[np.concatenate(end_rows), np.concatenate(end_cols)] = end_label
     cu = np.concatenate(bounds + [np.array([B * T])]).astype(np.int32)
     cu_full = np.full(B * T + 1, B * T, dtype=np.int32)
     cu_full[: len(cu)] = cu
@@ -91,6 +116,9 @@ class Batch(Node[Dict[str, torch.Tensor]]):
     """Collects ``batch_size`` rows per batch; a final partial batch is completed
     with padding rows, never dropped.
 
+    ``end_label`` is the label after every whole document's last token (the BOS id, -100,
+    or None for the row's next token; see the module docstring).
+
     It also counts, per declared source (``sources=``, a fixed set so the state has
     the same keys at every step), the tokens and the document starts it delivers
     (``counts()``: what the training loop will see), and advances a `StepClock`
@@ -103,11 +131,12 @@ class Batch(Node[Dict[str, torch.Tensor]]):
     STATE_KEYS = (PARENT, COUNTS, CLOCK)
 
     def __init__(self, parent: Node[Row], *, batch_size: int, seq_len: int, pad_id: int = 0,
-                 sources: Sequence[str] = (), clock: Optional[StepClock] = None):
+                 sources: Sequence[str] = (), clock: Optional[StepClock] = None, end_label: Optional[int] = None):
         super().__init__()
         if batch_size < 1:
             raise ValueError(f"{batch_size=} must be >= 1")
         self.parent, self.batch_size, self.seq_len, self.pad_id = parent, batch_size, seq_len, pad_id
+        self.end_label = end_label
         self.sources = list(sources)
         self.clock = clock
         self._counts: Dict[str, List[int]] = {}
@@ -149,7 +178,8 @@ class Batch(Node[Dict[str, torch.Tensor]]):
                 c[1] += 1 if starts is None or starts[k] else 0
         if self.clock is not None:
             self.clock.batches += 1
-        return collate_rows(rows, batch_size=self.batch_size, seq_len=self.seq_len, pad_id=self.pad_id)
+        return collate_rows(rows, batch_size=self.batch_size, seq_len=self.seq_len, pad_id=self.pad_id,
+                            end_label=self.end_label)
 
     def counts(self) -> Dict[str, List[int]]:
         """Per source: [tokens, document starts] delivered in batches so far."""

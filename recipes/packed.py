@@ -21,7 +21,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 import torch
 
-from tokenloom.pipes.batch import Batch, collate_rows
+from tokenloom.pipes.batch import IGNORE_INDEX, Batch, collate_rows
 from tokenloom.pipes.chat import ChatTemplate, RenderChat
 from tokenloom.pipes.loader import ShardContext, TokenLoomLoader
 from tokenloom.pipes.mix import STOPS, STRATEGIES, UNITS, Mix
@@ -149,6 +149,7 @@ class PackedGraph:
     burst: int
     chat: Any = None  # a ChatTemplate or callable: render conversations instead of tokenizing text
     long_conversations: str = "truncate"
+    end_label: Optional[int] = None  # the label after a whole document's last token: BOS id or -100
 
     def __call__(self, ctx: ShardContext):
         first_epoch = ctx.round * self.epochs if self.epochs is not None else 0
@@ -183,7 +184,7 @@ class PackedGraph:
                                  mode="crop" if self.packing == "bestfit-crop" else "bestfit")
         names = [p.name for p in self.plans]
         batch = Batch(packer, batch_size=self.batch_size, seq_len=self.seq_len, pad_id=self.pad_id,
-                      sources=names, clock=clock)
+                      sources=names, clock=clock, end_label=self.end_label)
 
         def counters() -> List[int]:
             pack = packer.stats()
@@ -245,9 +246,14 @@ def packed_loader(
     chat: Any = None,
     long_conversations: str = "truncate",
     manifest: Union[str, Mapping[str, str], None] = None,
+    predict_bos: bool = True,
+    pad: Union[str, int, None] = None,
     loader_kwargs: Mapping[str, Any],
 ) -> TokenLoomLoader:
     """The shared body of `pretrain` and `sft` (``chat`` set: conversations)."""
+    if not isinstance(predict_bos, bool):
+        raise ValueError(f"{predict_bos=} must be True (train the BOS after each document's last token) or False "
+                         "(train nothing across a document boundary)")
     if seq_len < 1:
         raise ValueError(f"{seq_len=} must be >= 1")
     if batch_size < 1:
@@ -288,11 +294,17 @@ def packed_loader(
         chat.resolve(encoder)  # every role, end and BOS token must exist: fail here, not in a worker
     bos_id = resolve_special(encoder, bos, default_bos=chat is None)
     eos_id = resolve_special(encoder, eos, default_bos=False)
-    pad_id = bos_id if bos_id is not None else 0
+    if pad is not None:
+        pad_id = encoder.token_id(pad)
+    else:
+        pad_id = bos_id if bos_id is not None else 0
+    end_label = bos_id if predict_bos else IGNORE_INDEX
+    if end_label is None:
+        raise ValueError("predict_bos=True needs a BOS token to predict; pass bos= or predict_bos=False")
 
     graph = PackedGraph(plans, encoder, bos_id, eos_id, seq_len, batch_size, packing, buffer_size, seed, epochs,
                         pad_id, weights, mix, weights_unit, stop, cycle_exhausted, pattern, burst, chat,
-                        long_conversations)
+                        long_conversations, end_label)
     config: Dict[str, Any] = {
         "world_size": world_size,
         "rank": rank,
@@ -309,13 +321,16 @@ def packed_loader(
         "mix": None if len(plans) == 1 else (f"{mix} unit={weights_unit} stop={stop} cycle={cycle_exhausted} "
                                              f"pattern={pattern} burst={burst}"),
         "weights": None if len(plans) == 1 else [[s, w] for s, w in schedule],
+        "predict_bos": predict_bos,
+        "pad": pad_id,
     }
     if epochs is not None and world_size > 1 and rank_sync is None:
         rank_sync = gloo_sync_from_dist()
         if rank_sync is None:
             warnings.warn(f"{world_size=} with a finite epoch but torch.distributed is not initialized: ranks may "
                           "yield different numbers of batches; pass rank_sync= to keep them in step", stacklevel=2)
-    padding = functools.partial(collate_rows, [], batch_size=batch_size, seq_len=seq_len, pad_id=pad_id)
+    padding = functools.partial(collate_rows, [], batch_size=batch_size, seq_len=seq_len, pad_id=pad_id,
+                                end_label=end_label)
     loader_kwargs = dict(loader_kwargs)
     if num_workers > 0:
         loader_kwargs.setdefault("prefetch_factor", default_prefetch_factor(batch_size, seq_len))

@@ -41,6 +41,8 @@ def pretrain(
     text_mode: str = "file",
     rank_sync: Optional[RankSync] = None,
     manifest: Union[str, Mapping[str, str], None] = None,
+    predict_bos: bool = True,
+    pad: Union[str, int, None] = None,
     **loader_kwargs: Any,
 ) -> TokenLoomLoader:
     """Build a loader of packed pretraining batches (see the README for every parameter).
@@ -54,11 +56,15 @@ def pretrain(
     ``manifest`` is the path of a parquet index ``tokenloom index --out`` wrote away from
     the data (``{name: path}`` with several sources); an index in the directory a source
     resolves under is used without it.
+    ``predict_bos``: the label after every whole document's last token is the BOS id (True,
+    GPT/nanochat style: the model learns where documents end) or -100 (False: nothing is
+    trained across a document boundary), the same in every packing mode. ``pad``: the
+    token string or id of padding ``input_ids`` (default: the BOS id).
     """
     return packed_loader(
         sources, tokenizer, seq_len=seq_len, batch_size=batch_size, bos=bos, weights=weights, packing=packing,
         buffer_size=buffer_size, epochs=epochs, num_workers=num_workers, seed=seed, rank=rank,
         world_size=world_size, text_column=text_column, eos=eos, mix=mix, weights_unit=weights_unit, stop=stop,
         cycle_exhausted=cycle_exhausted, pattern=pattern, burst=burst, text_mode=text_mode, rank_sync=rank_sync,
-        manifest=manifest,
+        manifest=manifest, predict_bos=predict_bos, pad=pad,
         loader_kwargs=loader_kwargs)

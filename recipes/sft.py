@@ -47,12 +47,16 @@ def sft(
     burst: int = 1,
     rank_sync: Optional[RankSync] = None,
     manifest: Union[str, Mapping[str, str], None] = None,
+    pad: Union[str, int, None] = None,
     **loader_kwargs: Any,
 ) -> TokenLoomLoader:
     """Build a loader of packed conversation batches (see the module docstring and the README).
 
     ``template`` is a `ChatTemplate` (default: ``<|bos|> (<|role|> content <|end|>)*`` with
     the shipped tokenizer's special tokens) or a callable ``(messages, encoder) -> (ids, mask)``.
+    The label after a conversation's last token is always -100 (`pretrain`'s ``predict_bos=False``):
+    the template's trained end token is the stop signal, and nothing is trained across
+    conversations. ``pad``: the token string or id of padding ``input_ids`` (default: 0).
     """
     if packing == "bestfit-crop":
         raise ValueError("packing='bestfit-crop' would cut conversations to fill rows; use 'bestfit' (default)")
@@ -61,6 +65,6 @@ def sft(
         buffer_size=buffer_size, epochs=epochs, num_workers=num_workers, seed=seed, rank=rank,
         world_size=world_size, text_column=messages_field, eos=None, mix=mix, weights_unit=weights_unit, stop=stop,
         cycle_exhausted=cycle_exhausted, pattern=pattern, burst=burst, text_mode="file", rank_sync=rank_sync,
-        manifest=manifest,
+        manifest=manifest, predict_bos=False, pad=pad,
         chat=template if template is not None else ChatTemplate(), long_conversations=long_conversations,
         loader_kwargs=loader_kwargs)
