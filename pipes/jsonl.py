@@ -94,9 +94,17 @@ def list_jsonl_units(files: Sequence[SourceFile], *, field: Optional[str] = "tex
 
     The first record of each file must hold ``field`` when it is a JSON object (a
     malformed first line is left to the reader and its ``on_error``); ``field=None``
-    lists without looking.
+    lists without looking. A file whose first record starts with ``[`` is a JSON
+    array (one document for the whole file, or lines of arrays), refused here in one
+    line instead of as a malformed line somewhere in the middle.
     """
     def inspect(f: SourceFile, first: bytes) -> None:
+        if first.lstrip()[:1] == b"[":
+            raise ValueError(f"{f.uri or f.path} holds a JSON array (its first record starts with '['), but a jsonl "
+                             "source needs JSON lines, one object per line; convert it, e.g. `jq -c '.[]' "
+                             "in.json > out.jsonl`")
+        if field is None:
+            return
         _, problem = jsonl_field(first, field)
         if problem is not None and problem[0] == "missing":
             raise ValueError(f"{f.uri or f.path}, first record: {problem[1]}. Pass field= (text_column= in "
@@ -104,7 +112,7 @@ def list_jsonl_units(files: Sequence[SourceFile], *, field: Optional[str] = "tex
                              "to list without this check and on_error='skip' to the reader")
 
     return list_line_units(files, kind="lines", rows_per_unit=rows_per_unit, max_unit_bytes=max_unit_bytes,
-                           inspect=None if field is None else inspect)
+                           inspect=inspect)
 
 
 class ReadJsonl(Node[Doc]):
