@@ -6,19 +6,23 @@ on S3, at every start. ``tokenloom index SPEC`` reads the footers once and write
 what listing needs into one small JSON file, ``_tokenloom_index.json`` in the
 directory the spec resolves under (the directory itself, a glob's fixed prefix,
 a single file's directory), or where ``--out`` says. Per file it records the name
-relative to that directory, the size in bytes, the rows of every row group, and
-the columns (name, arrow type, kind), so the column checks of listing run on it
-unchanged. A loader built on the spec then reads that one file instead of N
+relative to that directory, the size in bytes, the hash of the footer (the file's
+content key in resume fingerprints), the rows of every row group, and the columns
+(name, arrow type, kind), so the column checks of listing run on it unchanged. A loader built on the spec then reads that one file instead of N
 footers (a path elsewhere is passed as ``manifest=``).
 
 Trade-off: the index is trusted for row counts and columns, but checked against
-the files. The spec is still resolved (it finds the files, and the resume
-fingerprint is built from that listing, so a state resumes the same with or
-without an index), and every matched file must appear in the index with the size
-it has now; a file missing from it or of another size is refused with the file
-named and the command to re-run. Files the index lists that the spec does not
-match are ignored. A file rewritten to exactly the same size is not caught here,
-only when a worker reads a row group whose row count differs.
+the files. The spec is still resolved (it finds the files), and every matched
+file must appear in the index with the size it has now; a file missing from it or
+of another size is refused with the file named and the command to re-run. Files
+the index lists that the spec does not match are ignored. The resume fingerprint
+is the same with or without an index (same names, sizes and footer hashes). A file
+rewritten to exactly the same size after indexing is not caught at build: the
+index's footer hash is trusted (re-run the index after rewriting files), and a
+worker refuses a row group whose row count differs.
+
+Only parquet has footers to index; a jsonl or text file given to the index is
+refused naming its format (their listing reads the lines, and needs no index).
 
 The index is plain JSON read with ``json.loads`` and checked key by key (keys
 are the constants below); nothing in it is evaluated or unpickled.
@@ -40,15 +44,15 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import pyarrow.fs as pafs
 
 from .parquet import TEXT, Footer, UnitTable, check_column, read_footer, units_from_footers
-from .sources import MANIFEST_NAME, SourceFile, _redact, resolve_files
+from .sources import FORMAT_SUFFIXES, MANIFEST_NAME, SourceFile, _redact, resolve_files
 
 FORMAT = "tokenloom.index"
-VERSION = 1
+VERSION = 2  # 2: the footer hash of every file
 
 # Keys of the JSON document.
 K_FORMAT, K_VERSION, K_SPEC, K_COLUMN = "format", "version", "spec", "column"
 K_SCHEMAS, K_FILES = "schemas", "files"
-K_NAME, K_SIZE, K_ROW_GROUPS, K_SCHEMA = "name", "size", "row_groups", "schema"
+K_NAME, K_SIZE, K_ROW_GROUPS, K_SCHEMA, K_FOOTER = "name", "size", "row_groups", "schema", "footer"
 
 
 def _base(f: SourceFile) -> str:
@@ -69,16 +73,28 @@ def _shown(f: SourceFile, path: str) -> str:
 
 # --- writing -------------------------------------------------------------------------
 
+def _refuse_other_formats(f: SourceFile) -> None:
+    """A jsonl or text file (by its ending) is named as such, not read as a broken parquet file."""
+    for fmt, kind in (("jsonl", "a jsonl"), ("txt", "a text")):
+        if f.path.lower().endswith(FORMAT_SUFFIXES[fmt]):
+            raise ValueError(f"{f.uri or f.path} is {kind} file, and `tokenloom index` indexes parquet footers "
+                             f"only; {fmt} sources need no index (loaders list them from their lines): give "
+                             "it parquet files, e.g. a glob such as 'data/*.parquet'")
+
+
 def build_manifest(spec: str, files: Sequence[SourceFile], column: Optional[str] = "text") -> Dict[str, Any]:
     """Read every footer of ``files`` once; with ``column``, every file with rows must have it."""
     schemas: "OrderedDict[tuple, int]" = OrderedDict()
     entries = []
     for f in files:
+        _refuse_other_formats(f)
+    for f in files:
         footer = read_footer(f)
         if column:
             check_column(f, footer, column, None)
         schema = schemas.setdefault(footer.columns, len(schemas))
-        entries.append({K_NAME: f.name, K_SIZE: f.size, K_ROW_GROUPS: list(footer.row_groups), K_SCHEMA: schema})
+        entries.append({K_NAME: f.name, K_SIZE: f.size, K_FOOTER: footer.digest, K_ROW_GROUPS: list(footer.row_groups),
+                        K_SCHEMA: schema})
     # Absolute, so the "re-run `tokenloom index SPEC`" hint works from any directory.
     shown_spec = _redact(spec, spec) if "://" in spec else os.path.abspath(os.path.expanduser(spec))
     return {K_FORMAT: FORMAT, K_VERSION: VERSION, K_SPEC: shown_spec, K_COLUMN: column,
@@ -129,9 +145,9 @@ class Manifest:
             self.footers: Dict[str, Tuple[int, Footer]] = {}
             for e in doc[K_FILES]:
                 rows = tuple(int(x) for x in e[K_ROW_GROUPS])
-                if any(x < 0 for x in rows) or not isinstance(e[K_SIZE], int):
+                if any(x < 0 for x in rows) or not isinstance(e[K_SIZE], int) or not isinstance(e[K_FOOTER], str):
                     raise ValueError(f"bad entry {e!r:.200}")
-                self.footers[str(e[K_NAME])] = (e[K_SIZE], Footer(schemas[int(e[K_SCHEMA])], rows))
+                self.footers[str(e[K_NAME])] = (e[K_SIZE], Footer(schemas[int(e[K_SCHEMA])], rows, e[K_FOOTER]))
         except (KeyError, TypeError, ValueError, IndexError) as e:
             raise ValueError(f"{shown} is not a tokenloom index this version can read ({e!r:.300}); {rerun}, "
                              f"or delete it to list the files' footers instead") from None

@@ -22,13 +22,22 @@ instead of wrong text; it adds ~25% to the parquet read time measured on 30 MB
 of text (163 vs 129 ms), far below the tokenizer's cost for the same text.
 Files with no rows contribute nothing and are not checked. A file whose size
 changed since listing is refused when a worker opens it.
+
+Listing reads each footer itself (the last 64 KiB, one read as in pyarrow) and
+hashes its bytes: the file's content key in resume fingerprints (fingerprint.py),
+so a same-size rewrite is told apart at resume. Measured on local files from the
+page cache, best of 15, against pyarrow's own footer read: 400 files with 8 row
+groups, 16.6 vs 14.9 ms (+4 us a file); 200 files with 80 row groups (53 KB
+footers), 24.0 vs 17.9 ms (+30 us a file, sha256 at ~2 GB/s). On S3 a footer is a
+round trip either way.
+A file that does not end with ``PAR1`` is called truncated only if it starts with it.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -36,6 +45,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .base import Node
+from .fingerprint import content_key
 from .items import Doc
 from .shard import ROW_ORDER_TAG, ShardUnits, WorkSlice, rng_for
 from .sources import FileChangedError, SourceFile
@@ -83,24 +93,56 @@ def column_kind(t: pa.DataType) -> str:
 
 @dataclass(frozen=True)
 class Footer:
-    """What listing needs from one file's footer: its columns as ``(name, type, kind)``
-    and the number of rows of each row group (empty ones included, so indices hold)."""
+    """What listing needs from one file's footer: its columns as ``(name, type, kind)``,
+    the number of rows of each row group (empty ones included, so indices hold), and the
+    footer's content key (a hash of its bytes: the file's key in resume fingerprints)."""
 
     columns: Tuple[Tuple[str, str, str], ...]
     row_groups: Tuple[int, ...]
+    digest: str = ""
+
+
+#: Bytes read from a file's end to find its footer: pyarrow's own first read (one round trip on S3).
+TAIL_BYTES = 64 << 10
+MAGIC = b"PAR1"
+
+
+def _footer_bytes(handle: Any, size: int) -> bytes:
+    """The footer, its length and the closing magic: the last ``len + 8`` bytes of the file."""
+    tail_len = min(size, TAIL_BYTES)
+    handle.seek(size - tail_len)
+    tail = handle.read(tail_len)
+    if len(tail) < 8 or tail[-4:] != MAGIC:
+        handle.seek(0)
+        head = handle.read(4)
+        if head != MAGIC:
+            raise ValueError(f"it neither starts nor ends with the parquet magic {MAGIC!r} (its first bytes are "
+                             f"{head!r}), so it is not a parquet file")
+        raise ValueError(f"it starts like a parquet file but does not end with {MAGIC!r}")
+    need = int.from_bytes(tail[-8:-4], "little") + 8
+    if need > size:
+        raise ValueError(f"its footer length ({need - 8} bytes) is larger than the file")
+    if need > len(tail):
+        handle.seek(size - need)
+        tail = handle.read(need)
+    return tail[-need:]
 
 
 def read_footer(f: SourceFile) -> Footer:
-    """Open ``f``'s footer once; an unreadable one is a `ValueError` naming the file."""
+    """Read ``f``'s footer once (one read of its last 64 KiB, as pyarrow does); an unreadable
+    one is a `ValueError` naming the file."""
     try:
         with f.open() as handle:
-            meta = pq.ParquetFile(handle).metadata
-            schema = meta.schema.to_arrow_schema()
+            raw = _footer_bytes(handle, handle.size())
+        meta = pq.ParquetFile(pa.BufferReader(raw)).metadata
+        schema = meta.schema.to_arrow_schema()
     except Exception as e:
+        if "not a parquet file" in str(e):
+            raise ValueError(f"{f.uri or f.path}: {e}; point the source at parquet files, or remove it") from e
         raise ValueError(f"{f.uri or f.path} is not a readable parquet file ({e}); it may be truncated (an "
                          "interrupted copy or write): copy or write it again, or remove it from the source") from e
     return Footer(tuple((x.name, str(x.type), column_kind(x.type)) for x in schema),
-                  tuple(meta.row_group(i).num_rows for i in range(meta.num_row_groups)))
+                  tuple(meta.row_group(i).num_rows for i in range(meta.num_row_groups)), content_key(raw))
 
 
 def check_column(f: SourceFile, footer: Footer, column: str, require: Optional[str]) -> None:
@@ -121,7 +163,8 @@ def check_column(f: SourceFile, footer: Footer, column: str, require: Optional[s
 
 def units_from_footers(files: Sequence[SourceFile], footers: Sequence[Footer], column: str, *,
                        require: Optional[str] = TEXT) -> UnitTable:
-    """Check ``column`` in every file and list the non-empty row groups as units."""
+    """Check ``column`` in every file and list the non-empty row groups as units; the
+    table's files carry their footers' digests as content keys."""
     if require not in REQUIRES:
         raise ValueError(f"{require=} must be one of {REQUIRES}")
     f_idx, rgs, rows = [], [], []
@@ -132,7 +175,8 @@ def units_from_footers(files: Sequence[SourceFile], footers: Sequence[Footer], c
                 f_idx.append(i)
                 rgs.append(rg)
                 rows.append(n)
-    return UnitTable(list(files), np.asarray(f_idx, np.int32), np.asarray(rgs, np.int32), np.asarray(rows, np.int64))
+    keyed = [replace(f, key=footer.digest) for f, footer in zip(files, footers)]
+    return UnitTable(keyed, np.asarray(f_idx, np.int32), np.asarray(rgs, np.int32), np.asarray(rows, np.int64))
 
 
 def list_parquet_units(files: Sequence[SourceFile], column: str, *, require: Optional[str] = TEXT) -> UnitTable:

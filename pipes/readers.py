@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, List, Optional, Union
+from typing import Any, Dict, List, Optional, Union
 
 from .base import Node
 from .items import Doc
@@ -32,7 +32,8 @@ from .jsonl import ReadJsonl, list_jsonl_units
 from .manifest import list_units
 from .parquet import LIST, TEXT, ReadParquet
 from .shard import ShardUnits
-from .sources import FORMAT_SUFFIXES, SourceFile, SourceSpec, fingerprint_files, resolve_files
+from .fingerprint import source_fingerprint
+from .sources import FORMAT_SUFFIXES, SourceFile, SourceSpec, resolve_files
 from .text_files import ReadText, list_text_units
 
 TEXT_MODES = ("file", "paragraphs")
@@ -72,8 +73,9 @@ class SourcePlan:
         return int(self.units.total_rows)
 
     @property
-    def fingerprint(self) -> str:
-        return f"{self.fmt}:{fingerprint_files(self.files)}"
+    def fingerprint(self) -> Dict[str, Any]:
+        """What a resume must match (fingerprint.py); the listed files carry the content keys."""
+        return source_fingerprint(self.fmt, self.units.files)
 
     def reader(self, shard: ShardUnits, *, seed: int) -> Node[Doc]:
         if self.fmt == "parquet":
@@ -99,18 +101,26 @@ def detect_format(spec: SourceSpec) -> str:
         one = os.fspath(one)
         fmt = _format_of(one)
         if fmt is None:  # a directory (or a glob without an ending): look for each kind
-            kinds = []
+            kinds, other = [], None
             for candidate in FORMAT_SUFFIXES:
                 try:
-                    resolve_files(one, candidate)
+                    matched = resolve_files(one, candidate)
                 except FileNotFoundError:
                     continue
-                kinds.append(candidate)
+                # a file or a glob matches whatever its ending: only files with this kind's ending count
+                if any(f.path.lower().endswith(FORMAT_SUFFIXES[candidate]) for f in matched):
+                    kinds.append(candidate)
+                else:
+                    other = matched[0].uri or matched[0].path
+            endings = ", ".join(f"{k} {' '.join(v)}" for k, v in FORMAT_SUFFIXES.items())
             if len(kinds) > 1:
-                raise ValueError(f"source {one!r} holds several kinds of files ({kinds}); "
-                                 "point it at one kind, or pass the format explicitly")
+                raise ValueError(f"source {one!r} holds several kinds of files ({kinds}); point it at one kind "
+                                 "(e.g. a glob with its ending), or give each kind its own source name")
+            if not kinds and other is not None:
+                raise ValueError(f"source {one!r}: tokenloom reads parquet, jsonl and txt files, told apart by their "
+                                 f"endings ({endings}); {other!r} has none of them")
             if not kinds:
-                raise FileNotFoundError(f"source {one!r} matched no parquet, jsonl or txt files")
+                raise FileNotFoundError(f"source {one!r} matched no parquet, jsonl or txt files ({endings})")
             fmt = kinds[0]
         found.add(fmt)
     if len(found) > 1:

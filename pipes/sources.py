@@ -8,9 +8,10 @@ error naming the spec, never an empty epoch that spins forever.
 Files are returned sorted by path so every rank and worker lists the same files
 in the same order; the order is what the shard assignment is computed from.
 
-The fingerprint that guards a resume is built from each file's path relative
-to the spec it matched (so a corpus moved to another mount still matches) and
-its size in bytes (so a rewritten file does not).
+Each file carries what the resume fingerprint (fingerprint.py) needs: its path
+relative to the spec it matched (so a corpus moved to another mount still
+matches), its size, its modification time from the listing, and, once listing
+has read it, a content key (parquet: a hash of the footer).
 
 Remote errors are sorted into what the user must fix: a bucket that does not
 exist (`FileNotFoundError` naming the bucket; an empty listing is told apart
@@ -26,7 +27,7 @@ import fnmatch
 import hashlib
 import os
 from dataclasses import dataclass, field
-from typing import List, Sequence, Tuple, Union
+from typing import List, Optional, Sequence, Tuple, Union
 
 import pyarrow.fs as pafs
 
@@ -51,6 +52,8 @@ class SourceFile:
 
     The filesystem object travels with the file because it carries options that a
     bare path loses (an S3 endpoint override, credentials); pyarrow filesystems pickle.
+    ``key`` is set by listing where the format has something that changes with the
+    content (a parquet footer's hash); ``mtime_ns`` is the listing's, when the store has one.
     """
 
     path: str
@@ -58,6 +61,8 @@ class SourceFile:
     name: str
     fs: pafs.FileSystem = field(compare=False, repr=False)
     uri: str = ""
+    key: str = ""
+    mtime_ns: Optional[int] = field(default=None, compare=False)
 
     def open(self):
         """A seekable pyarrow input file."""
@@ -220,14 +225,16 @@ def _resolve_one(spec: str, fmt: str) -> List[SourceFile]:
             name=os.path.relpath(i.path, base) if base else i.path,
             fs=fs,
             uri=prefix + i.path,
+            mtime_ns=i.mtime_ns,
         )
         for i in files
     ]
 
 
 def fingerprint_files(files: Sequence[SourceFile]) -> str:
-    """A short hash of (relative name, size) of every file, order included."""
+    """A short hash of (relative name, size, content key) of every file, order included
+    (a loader's fingerprint of a source is `fingerprint.source_fingerprint`)."""
     h = hashlib.sha256()
     for f in files:
-        h.update(f"{f.name}\0{f.size}\n".encode())
+        h.update(f"{f.name}\0{f.size}\0{f.key}\n".encode("utf-8", "surrogateescape"))
     return h.hexdigest()[:16]

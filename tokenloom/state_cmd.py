@@ -23,6 +23,7 @@ from typing import Any, Dict, List, Mapping, Optional
 
 from tokenloom.pipes.batch import Batch
 from tokenloom.pipes.chat import RenderChat
+from tokenloom.pipes.fingerprint import fingerprint_summary
 from tokenloom.pipes.mix import Mix
 from tokenloom.pipes.pack_bestfit import BestFitPack
 from tokenloom.pipes.pack_flat import FlatPack
@@ -174,7 +175,7 @@ def config_lines(config: Mapping[str, Any]) -> List[str]:
         row("tokenizer", str(c.pop("tokenizer")))
     sources = c.pop("sources", None) or {}
     for i, (name, fp) in enumerate(sources.items()):
-        row("sources" if i == 0 else "", f"{name:<12} {fp}")
+        row("sources" if i == 0 else "", f"{name:<12} {fingerprint_summary(fp)}")
     weights = c.pop("weights", None)
     if weights:
         for i, (step, w) in enumerate(weights):
