@@ -110,7 +110,8 @@ def _identify(batches, enc):
 def test_token_shares_with_two_workers(sources, tok_path):
     weights = {"a": 0.5, "b": 0.3, "c": 0.2}
     loader = pretrain(sources, tokenizer=tok_path, weights=weights, seq_len=255, batch_size=4, num_workers=2,
-                      buffer_size=64, seed=2, predict_bos=False)  # so lab[-1] != -100: row[T] continues a segment
+                      buffer_size=64, seed=2)
+    loader.dataset.factory.end_label = None  # raw labels (row[1:]): _identify reads row[T] from labels[:, -1]
     it = iter(loader)
     batches = [next(it) for _ in range(300)]
     stats = loader.stats()
