@@ -38,6 +38,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from .base import StateError
+from .fingerprint import check_sources
 from .wire import WireBatch, unwrap
 from .worker_memory import settle_worker_malloc
 from .worker_threads import single_thread_tokenizers
@@ -182,6 +183,16 @@ CONFIG_HINTS = {
     "rank": "each rank must load its own state",
     "epochs": "pass the same epochs",
     "weights": "pass the same weights, or pass allow_weight_change=True to load_state_dict to switch mixtures at this point",
+    "source_order": "the order of the sources decides the mix's ties and the sequence; pass them in the saved order",
+    "text": "documents are read from this column (text files: split this way); pass the saved text_column "
+            "(sft: messages_field) and text_mode",
+}
+
+
+#: Settings whose comparison says more than "differs": the sources name the files that changed
+#: (and warn about text files with new modification times).
+CONFIG_CHECKS: Dict[str, Callable[[Any, Any], List[str]]] = {
+    "sources": lambda old, new: [f"sources: {p}" for p in check_sources(old, new)],
 }
 
 
@@ -192,7 +203,9 @@ def check_config(saved: Mapping[str, Any], current: Mapping[str, Any], *, ignore
         if key in ignore:
             continue
         old, new = saved.get(key, "<absent>"), current.get(key, "<absent>")
-        if old != new:
+        if key in CONFIG_CHECKS and isinstance(old, Mapping) and isinstance(new, Mapping):
+            problems += CONFIG_CHECKS[key](old, new)
+        elif old != new:
             problems.append(f"{key}: saved with {old!r}, this loader has {new!r} ({CONFIG_HINTS.get(key, 'use the saved value')})")
     if problems:
         raise ValueError("cannot load this loader state, the configuration changed:\n  " + "\n  ".join(problems))
