@@ -23,6 +23,7 @@ import torch
 
 from tokenloom.pipes.batch import IGNORE_INDEX, Batch, collate_rows
 from tokenloom.pipes.chat import ChatTemplate, RenderChat
+from tokenloom.pipes.check_args import check_int
 from tokenloom.pipes.loader import ShardContext, TokenLoomLoader
 from tokenloom.pipes.mix import STOPS, STRATEGIES, UNITS, Mix
 from tokenloom.pipes.pack_bestfit import BestFitPack
@@ -254,14 +255,12 @@ def packed_loader(
     if not isinstance(predict_bos, bool):
         raise ValueError(f"{predict_bos=} must be True (train the BOS after each document's last token) or False "
                          "(train nothing across a document boundary)")
-    if seq_len < 1:
-        raise ValueError(f"{seq_len=} must be >= 1")
-    if batch_size < 1:
-        raise ValueError(f"{batch_size=} must be >= 1")
+    seq_len, batch_size, buffer_size = (check_int(k, v, 1) for k, v in
+                                        (("seq_len", seq_len), ("batch_size", batch_size), ("buffer_size", buffer_size)))
+    num_workers, seed = check_int("num_workers", num_workers, 0), check_int("seed", seed, 0)
+    epochs = check_int("epochs", epochs, 1, none_ok=True, none_means="cycle forever")
     if packing not in PACKINGS:
         raise ValueError(f"{packing=} is not one of {PACKINGS}")
-    if epochs is not None and epochs < 1:
-        raise ValueError(f"{epochs=} must be None (cycle forever) or >= 1")
     for name, value, allowed in (("mix", mix, STRATEGIES), ("weights_unit", weights_unit, UNITS)):
         if value not in allowed:
             raise ValueError(f"{name}={value!r} is not one of {allowed}")
@@ -316,6 +315,8 @@ def packed_loader(
         "seed": seed,
         "epochs": epochs,
         "sources": {p.name: p.fingerprint for p in plans},
+        "source_order": names,
+        "text": f"column={text_column} mode={text_mode}",
         "tokenizer": f"{encoder.fingerprint} bos={bos_id} eos={eos_id}",
         "chat": None if chat is None else f"{describe_template(chat)} long={long_conversations}",
         "mix": None if len(plans) == 1 else (f"{mix} unit={weights_unit} stop={stop} cycle={cycle_exhausted} "
