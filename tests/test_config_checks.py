@@ -1,0 +1,65 @@
+"""Settings a resume must match, checked at load: accepted-then-wrong states are refused
+with the setting named (issue 14: source order, text column and mode, argument types)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tokenloom.recipes import pretrain
+
+from .resume import items_equal, torch_roundtrip
+
+
+@pytest.fixture(scope="module")
+def two_sources(tmp_path_factory):
+    root = tmp_path_factory.mktemp("two")
+    for name in ("code", "man"):
+        os.makedirs(root / name)
+        texts = [f"{name} document {i} " + "word " * (5 + i % 40) for i in range(300)]
+        pq.write_table(pa.table({"text": texts, "body": texts[::-1]}), root / name / "a.parquet", row_group_size=50)
+    return {"code": str(root / "code"), "man": str(root / "man")}
+
+
+def _after(loader, k):
+    it = iter(loader)
+    for _ in range(k):
+        next(it)
+    return torch_roundtrip(loader.state_dict()), next(it)
+
+
+def test_sources_in_another_order_are_refused_naming_the_order(two_sources, tok_path):
+    kw = dict(tokenizer=tok_path, seq_len=63, batch_size=2, weights={"code": 0.6, "man": 0.4}, seed=2)
+    state, _ = _after(pretrain(two_sources, **kw), 5)
+    swapped = {"man": two_sources["man"], "code": two_sources["code"]}
+    with pytest.raises(ValueError, match=r"source_order: saved with \['code', 'man'\].*\['man', 'code'\]"):
+        pretrain(swapped, **kw).load_state_dict(state)
+    same = pretrain(dict(two_sources), **kw)  # the same order loads and goes on exactly
+    state, want = _after(pretrain(two_sources, **kw), 5)
+    same.load_state_dict(state)
+    assert items_equal(next(iter(same)), want)
+
+
+@pytest.mark.parametrize("change", [{"text_column": "body"}, {"text_mode": "paragraphs"}])
+def test_text_column_and_text_mode_are_part_of_the_configuration(two_sources, tok_path, change):
+    kw = dict(tokenizer=tok_path, seq_len=63, batch_size=2, seed=2)
+    state, _ = _after(pretrain(two_sources["code"], **kw), 3)
+    with pytest.raises(ValueError, match=r"text: saved with 'column=text mode=file'.*text_column"):
+        pretrain(two_sources["code"], **kw, **change).load_state_dict(state)
+
+
+@pytest.mark.parametrize("arg,value,error,needle", [
+    ("seq_len", "2048", TypeError, "seq_len='2048' must be an int, not str: pass seq_len=2048"),
+    ("batch_size", 8.0, TypeError, "batch_size=8.0 must be an int"),
+    ("buffer_size", True, TypeError, "buffer_size=True must be an int"),
+    ("epochs", "1", TypeError, "epochs='1' must be an int"),
+    ("num_workers", -1, ValueError, "num_workers=-1 must be >= 0"),
+])
+def test_argument_types_are_checked_at_the_call(two_sources, tok_path, arg, value, error, needle):
+    with pytest.raises(error) as e:
+        pretrain(two_sources["code"], tokenizer=tok_path, **{arg: value})
+    assert needle in str(e.value)
