@@ -58,8 +58,8 @@ _HINTS = {
                  "in the reader's state)",
     "not_object": "Every line must be one JSON object ({...}); a .json file holding a single array must be "
                   "converted to JSON lines first. Or pass on_error='skip'",
-    "missing": "Pass field= (text_column= in recipes) naming one of the keys, or on_error='skip' to skip "
-               "such lines",
+    "missing": "Pass field= (in recipes: text_column= for pretrain, messages_field= for sft) naming one of the "
+               "keys, or on_error='skip' to skip such lines",
     "type": "Pass require_type= matching the data, or on_error='skip' to skip such lines",
     "null": "Pass on_null='skip' to skip null values (counted as 'skipped' in the reader's state)",
 }
