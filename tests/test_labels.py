@@ -236,3 +236,35 @@ def test_readme_loss_is_next_token_loss_and_plain_hf_labels_are_not(corpus, tok_
         after_next = F.pad(labels[:, 1:], (0, 1), value=IGNORE)
         torch.testing.assert_close(naive, F.cross_entropy(logits.flatten(0, 1).float(), after_next.flatten(),
                                                           ignore_index=IGNORE))
+
+
+# --- the command line ----------------------------------------------------------------------------
+
+def test_cli_predict_bos_and_pad(corpus, tok_path, tmp_path, capsys):
+    from tokenloom.cli import main
+
+    spec, _ = corpus
+    args = [spec, "--tokenizer", "demo", "--seq-len", "128", "--batch-size", "4", "--epochs", "1", "--quiet"]
+    kw = dict(tokenizer=tok_path, seq_len=128, batch_size=4, epochs=1)
+    cases = {"flags": ["--no-predict-bos", "--pad", "<|pad|>"], "default": []}
+    toml = tmp_path / "run.toml"
+    toml.write_text('predict_bos = false\npad = 2\n')
+    cases["toml"] = ["--config", str(toml)]
+    got = {}
+    for name, extra in cases.items():
+        out = tmp_path / f"{name}.pt"
+        assert main(["run", *args, *extra, "--dump-batches", str(out)]) == 0
+        got[name] = torch.load(out, weights_only=True)
+    for name, want in (("flags", pretrain(spec, predict_bos=False, pad=2, **kw)), ("default", pretrain(spec, **kw)),
+                       ("toml", pretrain(spec, predict_bos=False, pad=2, **kw))):
+        want = list(want)
+        assert len(got[name]) == len(want)
+        for g, w in zip(got[name], want):
+            assert torch.equal(g["input_ids"], w["input_ids"]) and torch.equal(g["labels"], w["labels"]), name
+    capsys.readouterr()
+    assert main(["run", *args, "--recipe", "sft", "--no-predict-bos"]) == 2
+    assert "--no-predict-bos applies to recipe pretrain" in capsys.readouterr().err
+    toml.write_text('predict_bos = "no"\n')
+    assert main(["run", *args, "--config", str(toml)]) == 2
+    assert "must be true or false" in capsys.readouterr().err
+

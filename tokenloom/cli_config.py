@@ -96,6 +96,9 @@ SETTINGS: Tuple[Setting, ...] = (
             recipes=("pretrain",)),
     Setting("eos", "eos", _token, "token string or id put after every document (default: none)",
             recipes=("pretrain",)),
+    Setting("predict_bos", "predict_bos", bool, "label a document's last token with BOS (the model learns where "
+            "documents end); --no-predict-bos: -100 there, nothing trained across documents", recipes=("pretrain",)),
+    Setting("pad", "pad", _token, "token string or id of padding input_ids (default: the BOS id; sft: 0)"),
     Setting("messages_field", "messages_field", str, "jsonl field / parquet column holding the conversation",
             recipes=("sft",)),
     Setting("long_conversations", "long_conversations", str, "conversations longer than a row",
@@ -135,6 +138,10 @@ def add_loader_arguments(parser: argparse.ArgumentParser, *, refuse: Optional[Ma
         only = "" if s.recipes == BOTH else f" [{'/'.join(s.recipes)} only]"
         default = _recipe_default(s)
         shown = f" (default: {default})" if default is not None and "default:" not in s.help else ""
+        if s.type is bool:  # --flag / --no-flag
+            parser.add_argument(s.flag, dest=s.key, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS,
+                                help=s.help + shown + only)
+            continue
         parser.add_argument(s.flag, dest=s.key, type=s.type, choices=s.choices, default=argparse.SUPPRESS,
                             metavar=s.metavar(), help=s.help + shown + only)
 
@@ -207,6 +214,8 @@ def read_toml(path: str) -> Dict[str, Any]:
         setting = BY_KEY.get(key)
         if setting is not None and setting.type is int and (not isinstance(value, int) or isinstance(value, bool)):
             raise ValueError(f"--config {path!r}: {raw} = {value!r} must be an integer")
+        if setting is not None and setting.type is bool and not isinstance(value, bool):
+            raise ValueError(f"--config {path!r}: {raw} = {value!r} must be true or false")
         if setting is not None and setting.path and isinstance(value, str):
             value = _relative_to(base, value)
         if key == "sources":
@@ -263,7 +272,9 @@ def recipe_kwargs(settings: Mapping[str, Any]) -> Tuple[str, Callable[..., Any],
         if s.key not in settings or s.kwarg is None or s.key == "tokenizer":
             continue
         if recipe not in s.recipes:
-            raise ValueError(f"{s.flag} {settings[s.key]!r} applies to recipe {'/'.join(s.recipes)}, "
+            value = settings[s.key]
+            given = (s.flag if value else "--no-" + s.flag[2:]) if s.type is bool else f"{s.flag} {value!r}"
+            raise ValueError(f"{given} applies to recipe {'/'.join(s.recipes)}, "
                              f"this is recipe={recipe!r}; remove it or pass --recipe {s.recipes[0]}")
         kwargs[s.kwarg] = settings[s.key]
     if "weights" in settings:
