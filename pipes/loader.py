@@ -493,13 +493,17 @@ def _raise_portable(e: Exception) -> None:
 
 
 class WorkerInit:
-    """Runs in each worker process before the user's ``worker_init_fn``: flat memory (worker_memory.py)
-    and one tokenizing thread per worker (worker_threads.py)."""
+    """Runs in each worker process before the user's ``worker_init_fn``: exit with the training
+    process (worker_parent.py), flat memory (worker_memory.py) and one tokenizing thread per
+    worker (worker_threads.py)."""
 
     def __init__(self, user: Optional[Callable[[int], None]]):
         self.user = user
 
     def __call__(self, worker_id: int) -> None:
+        from .worker_parent import exit_with_parent
+
+        exit_with_parent()  # first: a SIGKILLed training process must not leave its workers behind
         settle_worker_malloc()
         single_thread_tokenizers()
         if self.user is not None:
