@@ -230,6 +230,12 @@ def test_readme_loss_is_next_token_loss_and_plain_hf_labels_are_not(corpus, tok_
         exec(hf_call, ns)
         torch.testing.assert_close(ns["loss"], want)
 
+        # Several ranks: the sum over this rank's targets divided by a count summed over ranks.
+        ranks_total = 3 * (labels != IGNORE).sum()
+        summed = hf(input_ids=batch["input_ids"], position_ids=batch["position_ids"], labels=labels,
+                    shift_labels=labels, num_items_in_batch=ranks_total).loss
+        torch.testing.assert_close(summed, per_token / ranks_total)
+
         # The trap: labels= alone is shifted once more, so position t learns labels[:, t + 1].
         naive = hf(input_ids=batch["input_ids"], position_ids=batch["position_ids"], labels=labels).loss
         assert not torch.isclose(naive, want, rtol=1e-3), (naive, want)
