@@ -9,6 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tokenloom.recipes import pretrain
+from tokenloom.pipes.loader import decode_state
 
 
 def test_missing_file_names_it(tmp_path, tok_path):
@@ -71,7 +72,7 @@ def test_null_rows_are_skipped_counted_and_reported(tmp_path, tok_path, caplog):
     assert loader.stats()["skipped"] == loader.stats()["sources"]["default"]["skipped"] == 20
     warned = [r.message for r in caplog.records if "skipping null text" in r.message]
     assert len(warned) == 1 and "x.parquet, row group 0, row" in warned[0]
-    state = loader.state_dict()
+    state = decode_state(loader.state_dict())
     reader_state = state["loader"]["fetcher_state"]["dataset_iter_state"]["node"]
     while "skipped" not in reader_state:
         reader_state = reader_state["parent"]

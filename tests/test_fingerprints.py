@@ -25,6 +25,7 @@ from tokenloom.pipes.fingerprint import check_sources, describe_source_change, s
 from tokenloom.pipes.sources import SourceFile
 from tokenloom.pipes.tokenizer import load_encoder
 from tokenloom.recipes import pretrain
+from tokenloom.pipes.loader import decode_state
 
 from .conftest import synthetic_texts
 
@@ -72,7 +73,7 @@ def test_parquet_rewritten_to_the_same_size_is_refused_naming_it(parquet_dir, to
     rewrite_same_size(parquet_dir / "part-001.parquet")
     resumed = build(str(parquet_dir), tok_path)
 
-    problem = describe_source_change("default", state["tokenloom"]["config"]["sources"]["default"],
+    problem = describe_source_change("default", decode_state(state)["tokenloom"]["config"]["sources"]["default"],
                                      resumed.config["sources"]["default"])
     assert "part-001.parquet rewritten (same size" in problem and "part-000" not in problem, problem
     with pytest.raises(ValueError) as e:
@@ -134,7 +135,7 @@ def test_a_new_mtime_warns_naming_the_file(tmp_path, tok_path, fmt):
     touch_later(os.path.join(spec, f"part-1.{fmt}"))
     resumed = build(spec, tok_path, **kw)
 
-    saved, current = state["tokenloom"]["config"]["sources"], resumed.config["sources"]
+    saved, current = decode_state(state)["tokenloom"]["config"]["sources"], resumed.config["sources"]
     assert describe_source_change("default", saved["default"], current["default"]) == ""
     with pytest.warns(UserWarning, match=rf"part-1\.{fmt}\. jsonl and text files carry no content hash"):
         assert check_sources(saved, current) == []

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from tokenloom.recipes import pretrain
+from tokenloom.pipes.loader import decode_state
 
 from .resume import check_loader_resume, items_equal
 
@@ -101,7 +102,7 @@ def test_state_is_plain_and_small(corpus, tok_path):
         it = iter(loader)
         for _ in range(6):
             next(it)
-        state = loader.state_dict()
+        state = decode_state(loader.state_dict())
         for w, ws in state["loader"]["_snapshot"]["_worker_snapshots"].items():
             sizes[(buffer_size, w)] = len(pickle.dumps(ws))
     assert max(sizes.values()) < 16_000, sizes

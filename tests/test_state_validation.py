@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from tokenloom.recipes import pretrain
+from tokenloom.pipes.loader import decode_state
 
 from .conftest import synthetic_texts, write_corpus
 from .resume import torch_roundtrip
@@ -86,7 +87,7 @@ def test_not_a_state_and_wrong_version(corpus, tok_path):
     loader = pretrain(glob, tokenizer=tok_path, seq_len=63, batch_size=2)
     with pytest.raises(ValueError, match="not a tokenloom loader state"):
         loader.load_state_dict({"foo": 1})
-    state = _state(glob, tok_path)
+    state = decode_state(_state(glob, tok_path))
     state["tokenloom"]["version"] = 99
     with pytest.raises(ValueError, match="version 99"):
         pretrain(glob, tokenizer=tok_path, seq_len=63, batch_size=2, buffer_size=40).load_state_dict(state)

@@ -29,6 +29,7 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from tokenloom.pipes import load_encoder
 from tokenloom.pipes.checkpoint import KEY_PREFIX, DCPLoaderState, state_from_tensor, state_to_tensor
+from tokenloom.pipes.loader import decode_state
 from tokenloom.recipes import pretrain
 
 from .conftest import synthetic_texts, write_corpus
@@ -241,7 +242,7 @@ def test_two_ranks_finite_epoch_and_dcp_resume(dist_corpus, tok_path, tmp_path):
                         checkpoint_id=str(ckpt), no_dist=True)
         plain = torch.load(out / f"plain_rank{r}.pt", weights_only=True)
         assert cap.state == plain, f"rank {r}: the DCP loader state differs from the torch.save'd one"
-        assert cap.state["tokenloom"]["config"]["rank"] == r
+        assert decode_state(cap.state)["tokenloom"]["config"]["rank"] == r
 
     # resume: each rank continues exactly where the uninterrupted run went on after the save
     resumed = _torchrun("resume", *common)

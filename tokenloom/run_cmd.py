@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 from typing import Any, Dict, List
 
+from tokenloom.pipes.loader import decode_state
+
 from .cli_config import add_loader_arguments, build_loader, describe, merged_settings, steps_to_take
 from .progress import Progress
 from .state_file import load_state, save
@@ -45,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     print(describe(recipe, loader))
     if state is not None:
         loader.load_state_dict(state, allow_weight_change=args.allow_weight_change)
-        meta = state["tokenloom"]
+        meta = decode_state(state)["tokenloom"]
         print(f"resumed from {args.resume}: round {meta['round']}, {meta['steps']} batches already taken")
 
     dumped: List[Dict[str, Any]] = []

@@ -188,7 +188,7 @@ def config_lines(config: Mapping[str, Any]) -> List[str]:
 
 def show_state(args: argparse.Namespace) -> int:
     state = load_state(args.file, "state")
-    if args.json:
+    if args.json:  # the decoded state: the nested dict, not the JSON text it is stored as
         print(json.dumps(state, indent=1, default=repr))
         return 0
     meta, inner = state["tokenloom"], state["loader"]

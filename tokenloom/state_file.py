@@ -6,7 +6,8 @@ strings), so it is written with `torch.save` and read back with
 file someone handed you. Writes go to a temporary name first and are renamed,
 so an interrupted save never leaves a truncated state under the real name. A
 trainer checkpoint that holds the state one level down (``{"model": ...,
-"loader": state}``, as in the README) is read too.
+"loader": state}``, as in the README) is read too. What is returned is the decoded
+nested state (`decode_state`: digest checked).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import os
 from typing import Any, Dict
 
 import torch
+
+from tokenloom.pipes.loader import KEY_PREFIX, decode_state
 
 
 def load_state(path: str, flag: str) -> Dict[str, Any]:
@@ -28,18 +31,22 @@ def load_state(path: str, flag: str) -> Dict[str, Any]:
         raise ValueError(f"{flag} {path!r}: not a file torch.save wrote, or it holds more than plain data "
                          f"({type(e).__name__}); give the file loader.state_dict() was saved to") from e
     if _is_loader_state(state):
-        return state
+        return decode_state(state)
     # A trainer checkpoint ({"model": ..., "step": ..., "loader": state}) holds it one level down.
     inside = [v for v in state.values() if _is_loader_state(v)] if isinstance(state, dict) else []
     if len(inside) == 1:
-        return inside[0]
+        return decode_state(inside[0])
     keys = sorted(map(str, state))[:8] if isinstance(state, dict) else type(state).__name__
     raise ValueError(f"{flag} {path!r}: not a tokenloom loader state (top-level keys {keys}); "
                      "give the file loader.state_dict() was saved to")
 
 
 def _is_loader_state(obj: Any) -> bool:
-    return isinstance(obj, dict) and isinstance(obj.get("tokenloom"), dict) and "loader" in obj
+    """What ``loader.state_dict()`` returns (one ``tokenloom_rank_<r>`` entry), or its decoded form."""
+    if not isinstance(obj, dict):
+        return False
+    return (isinstance(obj.get("tokenloom"), dict) and "loader" in obj) or \
+        (len(obj) == 1 and str(next(iter(obj))).startswith(KEY_PREFIX))
 
 
 def save(path: str, obj: Any) -> None:
