@@ -176,18 +176,22 @@ def test_pad_is_the_bos_by_default_and_can_be_chosen(corpus, tok_path):
 
 
 def test_sft_trains_nothing_across_conversations(tmp_path, tok_path):
-    """sft: the label after a conversation's end is -100; the template decides everything else."""
+    """sft: the label after a conversation's end is -100; the template decides everything else.
+    Long answers split across rows put a conversation's later piece, which starts inside a
+    trained answer, right after another conversation's end: its first token must not become
+    that conversation's target."""
     import json
 
     path = tmp_path / "chats.jsonl"
     with open(path, "w") as f:
         for i in range(200):
+            answer = "so " * (150 + i if i % 5 == 0 else i % 17)
             f.write(json.dumps({"messages": [{"role": "user", "content": f"q{i} " + "why " * (i % 13)},
-                                             {"role": "assistant", "content": f"a{i} " + "so " * (i % 17)}]}) + "\n")
-    batches = list(sft(str(path), tokenizer=tok_path, seq_len=96, batch_size=4, epochs=1))
+                                             {"role": "assistant", "content": f"a{i} " + answer}]}) + "\n")
+    batches = list(sft(str(path), tokenizer=tok_path, seq_len=96, batch_size=4, epochs=1, long_conversations="split"))
     at_end, _ = boundary_labels(batches)
     assert len(at_end) > 50 and (at_end == IGNORE).all()
-    assert all(b["labels"].ne(IGNORE).any() for b in batches)
+    assert all(b["labels"].ne(IGNORE).any() for b in batches[:-1])
 
 
 # --- the labels trap, with a Hugging Face model ------------------------------------------------
