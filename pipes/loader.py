@@ -313,10 +313,18 @@ class TokenLoomLoader(StatefulDataLoader):
         """Cumulative counters over the batches this loader has handed to the training
         loop (summed over workers); checkpointed with the state. Recipes shape them
         (pretrain: packing figures plus per-source tokens, documents, epochs, target
-        and share); `tokenloom.pipes.stats.format_stats` prints them as a table."""
+        and share, passes and the round's progress); `tokenloom.pipes.stats.format_stats`
+        prints them as a table. A view with ``takes_round = True`` also gets this round's
+        counters (``current=``, for progress) and ``ended=`` (this rank's data ran out)."""
         now = self._combine(self._worker_stats.values())
         totals = {k: a + b for k, a, b in zip(self.stats_keys, self._earlier_rounds, now)}
-        out: Dict[str, Any] = self.stats_view(totals, self._steps) if self.stats_view else totals
+        view = self.stats_view
+        if view is None:
+            out: Dict[str, Any] = totals
+        elif getattr(view, "takes_round", False):
+            out = view(totals, self._steps, current=dict(zip(self.stats_keys, now)), ended=self._phase != self.DATA)
+        else:
+            out = view(totals, self._steps)
         if self.rank_sync is not None:
             out["rank_padding_batches"] = self._padding_batches
         return out
