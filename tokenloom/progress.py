@@ -4,13 +4,18 @@ On a terminal the line is redrawn in place, at most 10 times a second (a redraw
 costs ~20 us; at 30 batches/s that is noise either way, but a log file filled
 with thousands of carriage returns is not). When stderr is not a terminal (CI,
 ``2> log``) it writes a plain line every 10% instead, so logs stay readable.
+
+A finite stream of unknown length (``tokenloom run --epochs 1``) can still have a
+bar: ``left`` returns the loader's estimate of the batches left
+(``loader.stats()["progress"]["batches_left"]``, 10-15 us a call), asked at most once a
+redraw (live) or once a batch (plain lines), and the total shows as ``~N``.
 """
 
 from __future__ import annotations
 
 import sys
 import time
-from typing import Optional, TextIO
+from typing import Callable, Optional, TextIO
 
 WIDTH = 30
 REDRAW_S = 0.1
@@ -21,12 +26,13 @@ class Progress:
     """``update(done, tokens)`` after every batch; ``close()`` (or leaving the ``with``
     block) ends the line.
 
-    ``total=None`` (a finite stream of unknown length) shows counts without a bar.
+    ``total=None`` (a finite stream of unknown length) shows counts without a bar, or a bar
+    to the estimated total ``done + left()`` while ``left`` returns a number.
     """
 
     def __init__(self, label: str, total: Optional[int], *, stream: Optional[TextIO] = None,
-                 enabled: bool = True):
-        self.label, self.total, self.enabled = label, total, enabled
+                 enabled: bool = True, left: Optional[Callable[[], Optional[int]]] = None):
+        self.label, self.total, self.enabled, self.left = label, total, enabled, left
         self.stream = stream if stream is not None else sys.stderr
         self.live = enabled and bool(getattr(self.stream, "isatty", lambda: False)())
         self.t0 = time.perf_counter()
@@ -37,18 +43,26 @@ class Progress:
         self._closed = False
         self._first: Optional[float] = None  # seconds to the first batch
 
+    def _total(self) -> tuple:
+        """(total, shown as): the given total, else the estimate ``~N``, else (None, "")."""
+        if self.total is not None or self.left is None:
+            return self.total, f"{self.total}"
+        left = self.left()
+        return (None, "") if left is None else (self._done + left, f"~{self._done + left}")
+
     def _line(self) -> str:
         elapsed = time.perf_counter() - self.t0
         rate = self._tokens / elapsed if elapsed > 0 else 0.0
         text = f"{self.label} {self._done}"
-        if self.total:
-            filled = int(WIDTH * min(self._done, self.total) / self.total)
+        total, shown = self._total()
+        if total:
+            filled = int(WIDTH * min(self._done, total) / total)
             # From the second batch on: the first one carries worker start-up and would inflate the estimate.
             if self._done >= 2 and self._first is not None:
-                eta = f"{(self.total - self._done) * (elapsed - self._first) / (self._done - 1):4.0f}s"
+                eta = f"{(total - self._done) * (elapsed - self._first) / (self._done - 1):4.0f}s"
             else:
                 eta = "   ?"
-            text = (f"{self.label} [{'#' * filled}{'.' * (WIDTH - filled)}] {self._done}/{self.total} batches "
+            text = (f"{self.label} [{'#' * filled}{'.' * (WIDTH - filled)}] {self._done}/{shown} batches "
                     f"{rate / 1e3:7.1f}k tok/s  {elapsed:5.1f}s  eta {eta}")
         else:
             text += f" batches {rate / 1e3:7.1f}k tok/s  {elapsed:5.1f}s"
@@ -67,7 +81,8 @@ class Progress:
                 self.stream.flush()
                 self._last_draw = now
             return
-        decile = 10 * done // self.total if self.total else None
+        total = self._total()[0]
+        decile = 10 * done // total if total else None
         if decile is not None and decile > self._last_decile:
             self._last_decile = decile
             self.stream.write(self._line() + "\n")
@@ -86,6 +101,6 @@ class Progress:
         self._closed = True
         if self.live:
             self.stream.write("\r" + self._line() + CLEAR + "\n")
-        elif self.total is None or 10 * self._done // self.total > self._last_decile:
+        elif not (total := self._total()[0]) or 10 * self._done // total > self._last_decile:
             self.stream.write(self._line() + "\n")
         self.stream.flush()

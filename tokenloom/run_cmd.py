@@ -53,7 +53,9 @@ def run(args: argparse.Namespace) -> int:
     dumped: List[Dict[str, Any]] = []
     keep = (lambda i, batch: dumped.append(batch)) if args.dump_batches else None
     trace = Trace()
-    with Progress(recipe, steps, enabled=not args.quiet) as progress:
+    # To the end of --epochs: the bar's total is the loader's estimate of the batches left.
+    left = (lambda: loader.stats().get("progress", {}).get("batches_left")) if steps is None else None
+    with Progress(recipe, steps, enabled=not args.quiet, left=left) as progress:
         got = take(iter(loader), steps, trace, progress, on_batch=keep)
     if steps is not None and got < steps:
         print(f"the stream ended after {got} of {steps} batches (epochs={loader.config['epochs']})")
