@@ -1,14 +1,17 @@
-"""Two ranks under torchrun (gloo on CPU), and the loader state in torch.distributed.checkpoint.
+"""Ranks under torchrun (gloo on CPU), and the loader itself in torch.distributed.checkpoint.
 
 The end-to-end test launches tests/dist_job.py twice with ``torch.distributed.run``:
-a run over one finite epoch that saves a model and each rank's loader state with
-DCP at step k, then a resume from that checkpoint. Checked: the rank sync that
-`pretrain` creates from torch.distributed keeps both ranks at the same number of
-batches, the ranks' documents are disjoint and together complete, the checkpoint
-holds one loader entry per rank and nothing but tensors (nothing DCP would unpickle),
-and each rank's resumed batches are bit for bit the first run's batches after step k.
+a run over one finite epoch that saves a model and the loader itself with DCP at
+step k, then a resume from that checkpoint. Checked: the rank sync that `pretrain`
+creates from torch.distributed keeps both ranks at the same number of batches, the
+ranks' documents are disjoint and together complete, the checkpoint holds one loader
+entry per rank (DCP de-duplicates nothing of it), a checkpoint whose entries were
+stitched from both ranks is refused, and each rank's resumed batches are bit for bit
+the first run's batches after step k.
 
-The unit tests cover the JSON tensor encoding of pipes/checkpoint.py.
+The elastic test (tests/dcp_elastic_job.py) saves on 2 ranks and resumes on 1 and on 3
+through `read_loader_states`: every document of the epoch exactly once. One-process DCP
+tests are in test_dcp.py.
 """
 
 from __future__ import annotations
@@ -20,126 +23,33 @@ import signal
 import subprocess
 import sys
 import warnings
+from collections import Counter
 
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
-from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+from torch.distributed.checkpoint.metadata import BytesStorageMetadata
 
 from tokenloom.pipes import load_encoder
-from tokenloom.pipes.checkpoint import KEY_PREFIX, DCPLoaderState, state_from_tensor, state_to_tensor
-from tokenloom.pipes.loader import decode_state
+from tokenloom.pipes.checkpoint import read_loader_states
+from tokenloom.pipes.loader import KEY_PREFIX, decode_state
 from tokenloom.recipes import pretrain
 
 from .conftest import synthetic_texts, write_corpus
-from .resume import assert_plain, items_equal
+from .resume import items_equal
 
 JOB = os.path.join(os.path.dirname(__file__), "dist_job.py")
+ELASTIC_JOB = os.path.join(os.path.dirname(__file__), "dcp_elastic_job.py")
 SAVE_STEP = 5
-
-
-# --- the encoding ------------------------------------------------------------------
-
-def test_state_tensor_roundtrip_keeps_ints_and_types():
-    state = {"big": 2**63 - 1, "neg": -(2**63), "huge": 2**80 + 1, "f": 0.1, "b": True, "n": None,
-             "s": "héllo \u2603 \"quoted\"", "l": [1, [2, {"x": 3}]], "d": {"0": [0, 1]}}
-    t = state_to_tensor(state)
-    assert t.dtype == torch.uint8 and t.dim() == 1
-    back = state_from_tensor(t)
-    assert back == state
-    assert type(back["big"]) is int and type(back["b"]) is bool and type(back["f"]) is float
-
-
-@pytest.mark.parametrize("bad,where", [
-    ({"t": (1, 2)}, "['t'] is a tuple"),
-    ({"x": {1: 2}}, "key 1"),
-    ({"f": float("nan")}, "NaN"),
-    ({"a": [torch.tensor(1)]}, "['a'][0] is a Tensor"),
-    ({"b": b"raw"}, "is a bytes"),
-])
-def test_state_to_tensor_refuses_what_json_would_change(bad, where):
-    with pytest.raises(TypeError) as e:
-        state_to_tensor(bad)
-    assert where in str(e.value)
-
-
-def test_state_from_tensor_refuses_corrupt_tensors():
-    with pytest.raises(ValueError, match="1-D uint8"):
-        state_from_tensor(torch.zeros(3, dtype=torch.int64))
-    with pytest.raises(ValueError, match="not UTF-8 JSON"):
-        state_from_tensor(torch.tensor(list(b'{"a": 1'), dtype=torch.uint8))
-    with pytest.raises(ValueError, match="NaN"):
-        state_from_tensor(torch.tensor(list(b'{"a": NaN}'), dtype=torch.uint8))
-
-
-@pytest.mark.parametrize("num_workers", [0, 2])
-def test_real_loader_state_survives_json_and_weights_only_load(corpus, tok_path, tmp_path, num_workers):
-    glob, _ = corpus
-    build = lambda: pretrain(glob, tokenizer=tok_path, seq_len=63, batch_size=2, buffer_size=40, seed=3,
-                             num_workers=num_workers)
-    loader = build()
-    it = iter(loader)
-    for _ in range(6):
-        next(it)
-    state = loader.state_dict()
-    assert_plain(state)
-    encoded = state_to_tensor(state)
-    assert state_from_tensor(encoded) == state
-    torch.save(state, tmp_path / "state.pt")
-    nxt = [next(it) for _ in range(3)]  # what the uninterrupted loader gives after the save
-    loaded = torch.load(tmp_path / "state.pt", weights_only=True)
-    assert loaded == state_from_tensor(encoded)
-    for how, source in (("torch.load(weights_only=True)", loaded), ("JSON tensor", state_from_tensor(encoded))):
-        resumed = build()
-        resumed.load_state_dict(source)
-        rit = iter(resumed)
-        for j, want in enumerate(nxt):
-            assert items_equal(want, next(rit)), f"resumed through {how}: batch {6 + j} differs"
-
-
-
-def _single_process(fn, *args, **kw):
-    with warnings.catch_warnings():  # "assuming the intent is to ... in a single process": it is
-        warnings.filterwarnings("ignore", message=".*single process.*")
-        return fn(*args, **kw)
-
-
-def test_dcp_loader_state_in_one_process(corpus, tok_path, tmp_path):
-    """DCPLoaderState through dcp.save/dcp.load without torch.distributed: exact resume, the
-    model beside it, and a clear error for a rank the checkpoint has no state for."""
-    glob, _ = corpus
-    build = lambda: pretrain(glob, tokenizer=tok_path, seq_len=63, batch_size=2, buffer_size=40, seed=3)
-    loader = build()
-    it = iter(loader)
-    for _ in range(4):
-        next(it)
-    model = torch.nn.Linear(3, 2)
-    ckpt = str(tmp_path / "ckpt")
-    _single_process(dcp.save, {"model": model.state_dict(), "dl": DCPLoaderState(loader)}, checkpoint_id=ckpt,
-                    no_dist=True)
-    want = [next(it) for _ in range(3)]
-
-    resumed = build()
-    fresh = torch.nn.Linear(3, 2)
-    state = {"model": fresh.state_dict(), "dl": DCPLoaderState(resumed, checkpoint_id=ckpt)}
-    _single_process(dcp.load, state, checkpoint_id=ckpt, no_dist=True)
-    fresh.load_state_dict(state["model"])
-    assert items_equal(fresh.state_dict(), model.state_dict())
-    rit = iter(resumed)
-    for j, w in enumerate(want):
-        assert items_equal(w, next(rit)), f"batch {4 + j} after the DCP round trip differs"
-
-    with pytest.raises(ValueError, match=r"has none loader state for rank 1 .*loader entries present: \['dl.tokenloom_rank_0'\]"):
-        DCPLoaderState(build(), rank=1, checkpoint_id=ckpt)
 
 
 # --- two ranks under torchrun --------------------------------------------------------
 
-def _torchrun(*args, timeout=120, job=JOB):
-    """Launch ``job`` (dist_job.py) on 2 ranks; kill the whole process group if it hangs."""
+def _torchrun(*args, timeout=120, job=JOB, nproc=2):
+    """Launch ``job`` (dist_job.py) on ``nproc`` ranks; kill the whole process group if it hangs."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONHASHSEED="0")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", job, *args]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", job, *args]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                             start_new_session=True)
     try:
@@ -155,7 +65,7 @@ def _torchrun(*args, timeout=120, job=JOB):
         info, end = decoder.raw_decode(out, at)
         infos[info["rank"]] = info
         at = out.find("{", end)
-    assert set(infos) == {0, 1}, f"expected a summary from each rank, got:\n{out}"
+    assert set(infos) == set(range(nproc)), f"expected a summary from each of {nproc} ranks, got:\n{out}"
     return infos
 
 
@@ -221,32 +131,34 @@ def test_two_ranks_finite_epoch_and_dcp_resume(dist_corpus, tok_path, tmp_path):
     assert padding == [run[0]["padding_batches"], run[1]["padding_batches"]]
     assert sum(padding) > 0, "this corpus gives the ranks unequal raw counts; the shorter rank must have padded"
 
-    # the checkpoint: one loader entry per rank, one copy of the replicated model, tensors only
+    # the checkpoint: one loader entry per rank (a str each: DCP de-duplicated none), one copy of the model
     meta = FileSystemReader(str(ckpt)).read_metadata().state_dict_metadata
     assert sorted(k for k in meta if KEY_PREFIX in k) == [f"dataloader.{KEY_PREFIX}0", f"dataloader.{KEY_PREFIX}1"]
+    assert all(isinstance(meta[f"dataloader.{KEY_PREFIX}{r}"], BytesStorageMetadata) for r in (0, 1))
     assert {"model.weight", "model.bias"} <= set(meta)
-    not_tensors = sorted(k for k, v in meta.items() if not isinstance(v, TensorStorageMetadata))
-    assert not not_tensors, f"entries DCP would unpickle on load: {not_tensors}"
-
-    # each rank's DCP entry is the state it also saved with torch.save, read back without pickle
-    class Capture:
-        def __init__(self, rank):
-            self.config, self.state = {"rank": rank}, None
-
-        def load_state_dict(self, state):
-            self.state = state
-
+    # each rank's DCP entry is the state it also saved with torch.save
+    entries = read_loader_states(str(ckpt))
     for r in (0, 1):
-        cap = Capture(r)
-        _single_process(dcp.load, {"dataloader": DCPLoaderState(cap, checkpoint_id=str(ckpt))},
-                        checkpoint_id=str(ckpt), no_dist=True)
-        plain = torch.load(out / f"plain_rank{r}.pt", weights_only=True)
-        assert cap.state == plain, f"rank {r}: the DCP loader state differs from the torch.save'd one"
-        assert decode_state(cap.state)["tokenloom"]["config"]["rank"] == r
+        assert entries[r] == torch.load(out / f"plain_rank{r}.pt", weights_only=True), \
+            f"rank {r}: the DCP loader entry differs from the torch.save'd state"
+        assert decode_state(entries[r])["tokenloom"]["config"]["rank"] == r
+
+    # a checkpoint whose entries were stitched from both ranks (each rank's envelope around the
+    # other rank's positions), as DCP's de-duplication used to mix them: refused on both ranks
+    stitched = {}
+    for r in (0, 1):
+        body = json.loads(entries[r][f"{KEY_PREFIX}{r}"])
+        body["loader"] = json.loads(entries[1 - r][f"{KEY_PREFIX}{1 - r}"])["loader"]
+        stitched[f"{KEY_PREFIX}{r}"] = json.dumps(body)
+    with warnings.catch_warnings():  # "assuming the intent is to ... in a single process": it is
+        warnings.filterwarnings("ignore", message=".*single process.*")
+        dcp.save({"dataloader": stitched}, checkpoint_id=str(tmp_path / "stitched"), no_dist=True)
 
     # resume: each rank continues exactly where the uninterrupted run went on after the save
-    resumed = _torchrun("resume", *common)
+    resumed = _torchrun("resume", *common, str(tmp_path / "stitched"))
     for r in (0, 1):
+        assert resumed[r]["stitched_refused"] and "digest" in resumed[r]["stitched_refused"], (
+            f"rank {r} accepted a loader state stitched from two ranks: {resumed[r]['stitched_refused']!r}")
         rest = torch.load(out / f"resume_rank{r}.pt", weights_only=True)
         want = batches[r][SAVE_STEP:]
         assert len(rest) == len(want), f"rank {r}: resumed {len(rest)} batches, expected {len(want)}"
@@ -256,6 +168,39 @@ def test_two_ranks_finite_epoch_and_dcp_resume(dist_corpus, tok_path, tmp_path):
         got = torch.load(out / f"model_resumed_rank{r}.pt", weights_only=True)
         assert items_equal(saved, got), f"rank {r}: the model did not come back from DCP"
     assert resumed[0]["batches"] == resumed[1]["batches"] == n - SAVE_STEP
+
+
+@pytest.mark.slow
+def test_dcp_elastic_resume_two_ranks_to_one_and_three(dist_corpus, tok_path, tmp_path):
+    """2 ranks x 1 worker save the loader itself through DCP mid-epoch; the run resumes on
+    1 rank x 2 workers and on 3 ranks x 0 workers, each new rank loading every old rank's
+    entry (`read_loader_states`). Over the epoch, what the old ranks received before the
+    save plus what the new ranks receive after is every document exactly once."""
+    glob, texts = dist_corpus
+    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
+    out.mkdir()
+    enc = load_encoder(tok_path)
+    longest = max(len(ids) for ids in enc.encode_batch(texts)) + 1  # + BOS
+    assert longest <= 128, f"a document of {longest} tokens would be cut into chunks (rows hold 128)"
+    every = sorted(t.split()[0] for t in texts)
+
+    _torchrun("run", glob, tok_path, str(out), str(ckpt), str(SAVE_STEP), "1", job=ELASTIC_JOB)
+    before = [d for r in (0, 1) for d in _doc_ids(torch.load(out / f"before_rank{r}.pt", weights_only=True), enc)]
+    assert 0 < len(before) < len(every) // 2, f"the save must fall well inside the epoch: {len(before)} documents before"
+
+    for world, workers in ((1, 2), (3, 0)):
+        infos = _torchrun("resume", glob, tok_path, str(out), str(ckpt), str(SAVE_STEP), str(workers),
+                          job=ELASTIC_JOB, nproc=world, timeout=180)
+        assert all(infos[r]["old_ranks"] == 2 and infos[r]["world_size"] == world for r in range(world)), infos
+        assert len({infos[r]["batches"] for r in range(world)}) == 1, f"ranks disagree on the epoch's end: {infos}"
+        after = [d for r in range(world)
+                 for d in _doc_ids(torch.load(out / f"after_w{world}_rank{r}.pt", weights_only=True), enc)]
+        seen = Counter(before + after)
+        twice = sorted(d for d, c in seen.items() if c > 1)
+        missing = sorted(set(every) - set(seen))
+        assert not twice and not missing and len(seen) == len(every), (
+            f"2 ranks -> {world} x {workers} workers: {len(twice)} documents twice ({twice[:5]}), "
+            f"{len(missing)} missing ({missing[:5]})")
 
 
 PAD_JOB = os.path.join(os.path.dirname(__file__), "pad_resume_job.py")
