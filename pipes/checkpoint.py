@@ -17,8 +17,13 @@ Another topology (elastic resume): a new rank's key is not the old ranks' keys, 
 cannot take its state from ``dcp.load``; `read_loader_states` reads every old rank's
 entry from the checkpoint instead (the metadata lists them; no process group needed),
 each checked against its digest, for ``loader.load_state_dict(read_loader_states(path))``.
-It unpickles with ``weights_only=True`` (a str passes, an object is refused). Cost: one
-metadata read plus one small read per old rank, ~5 ms for 2 ranks of ~10 KB on a local disk.
+It unpickles with ``weights_only=True`` (a str passes, an object is refused).
+
+Measured (4 simulated ranks, pretrain T=255, 10 batches in, local disk): a rank's entry is
+1.8 KiB (0 workers, buffer 32) to 13.9 KiB (2 workers, buffer 1000); `read_loader_states`
+of all 4 takes 0.8-2.0 ms. ``dcp.load`` with the loader itself first asks the fresh loader
+for its ``state_dict()`` (the destination), and a StatefulDataLoader with workers starts
+them to answer: 130-290 ms with 2 workers against 1 ms with none, once per resume.
 
 `DCPLoaderState` is the earlier wrapper (the state as a JSON ``uint8`` tensor). It is kept so
 checkpoints written with it still load, and `read_loader_states` reads its entries too; new
