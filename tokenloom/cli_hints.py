@@ -49,7 +49,8 @@ def for_cli(message: str, recipe: Optional[str] = None) -> str:
     """``message`` with flags for keywords (see the module docstring). ``recipe`` picks the
     column flag where a message names the readers' generic ``field=``."""
     column = "--messages-field" if recipe == "sft" else "--text-column"
-    for old, new in (("field= (text_column= in recipes)", column), *_PHRASES):
+    for old, new in (("field= (text_column= in recipes)", column),
+                     ("field= (in recipes: text_column= for pretrain, messages_field= for sft)", column), *_PHRASES):
         message = message.replace(old, new)
     missing: List[str] = []
 
