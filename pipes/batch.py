@@ -174,6 +174,10 @@ class Batch(Node[Dict[str, torch.Tensor]]):
         return collate_rows(rows, batch_size=self.batch_size, seq_len=self.seq_len, pad_id=self.pad_id,
                             end_label=self.end_label)
 
+    def carry_counts(self, counts: Dict[str, List[int]]) -> None:
+        """Continue the delivered counts of an elastic resume (elastic.py)."""
+        self._counts = {n: [int(t), int(d)] for n, (t, d) in counts.items()}
+
     def counts(self) -> Dict[str, List[int]]:
         """Per source: [tokens, document starts] delivered in batches so far."""
         return {n: list(c) for n, c in self._counts.items()}

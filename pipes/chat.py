@@ -191,7 +191,7 @@ class RenderChat(Node[TokenDoc]):
                 c["truncated"] += 1
                 c["discarded_tokens"] += len(ids) - self.max_tokens
                 ids, mask = ids[:self.max_tokens], mask[:self.max_tokens]
-        return TokenDoc(ids, d.source, mask, d.epoch)
+        return TokenDoc(ids, d.source, mask, d.epoch, d.unit, d.pos, d.used)
 
     def _warn(self, message: str) -> None:
         if not self._warned:
@@ -205,11 +205,21 @@ class RenderChat(Node[TokenDoc]):
         self._emitted += 1
         return item
 
+    def in_flight(self) -> List[TokenDoc]:
+        """Conversations rendered but not handed on (see `Tokenize.in_flight`)."""
+        if self._skip and self._emitted >= len(self._out):
+            self._fill()
+        return self._out[self._emitted:]
+
     def get_state(self) -> Dict[str, Any]:
         if self._emitted >= len(self._out):
             parent = self.parent.state_dict() if not self._skip else self._batch_state
             return {self.PARENT: parent, self.EMITTED: self._skip, self.COUNTS: dict(self._counts)}
         return {self.PARENT: self._batch_state, self.EMITTED: self._emitted, self.COUNTS: dict(self._counts)}
+
+    def carry_counts(self, counts: Dict[str, int]) -> None:
+        """Continue the counts of an elastic resume (elastic.py)."""
+        self._counts = {k: int(counts[k]) for k in self.COUNT_KEYS}
 
     def counts(self) -> Dict[str, int]:
         return dict(self._counts)

@@ -23,6 +23,8 @@ class Doc(NamedTuple):
     unit: int  # index of the work unit in the source's unit table
     row: int  # row inside the unit (file order, not shuffled order)
     epoch: int = 0  # the pass over the source this document belongs to
+    pos: int = -1  # its position in the epoch's row order of the unit (what a WorkSlice counts)
+    used: int = 0  # tokens of it delivered before an elastic resume (see elastic.py); 0 normally
 
 
 class TokenDoc(NamedTuple):
@@ -33,6 +35,12 @@ class TokenDoc(NamedTuple):
     source: str
     mask: Optional[np.ndarray] = None
     epoch: int = 0
+    unit: int = -1  # where it came from (`Doc`), so an elastic resume can hand it to another shard
+    pos: int = -1
+    used: int = 0  # the first ``used`` tokens were delivered before an elastic resume: pack the rest
+
+    def origin(self) -> tuple:
+        return (self.source, self.epoch, self.unit, self.pos)
 
 
 class Row(NamedTuple):

@@ -164,7 +164,7 @@ class ReadJsonl(Node[Doc]):
             i = self._keep[row]
             value, problem = jsonl_field(self._lines[i], self.field, self.require_type)
             if problem is None:
-                return Doc(value, self.source, s.unit, row, s.epoch)
+                return Doc(value, self.source, s.unit, row, s.epoch, self._cursor.last_pos(), s.used)
             kind, what = problem
             where = f"{self.units.path(s.unit)}, line {int(self.units.first_line[s.unit]) + i}"
             if (self.on_null if kind == "null" else self.on_error) == "raise":
@@ -179,6 +179,16 @@ class ReadJsonl(Node[Doc]):
     def skipped(self) -> int:
         """Rows skipped so far (restored with the state); recipes show it in ``loader.stats()``."""
         return self._skipped
+
+    def unread(self, upto_epoch: int) -> List["WorkSlice"]:
+        return self._cursor.unread(upto_epoch)
+
+    def next_epoch(self) -> int:
+        return self._cursor.next_epoch()
+
+    def carry_skipped(self, skipped: int) -> None:
+        """Continue the skipped count of an elastic resume (elastic.py)."""
+        self._skipped = int(skipped)
 
     def get_state(self) -> Dict[str, Any]:
         parent, row = self._cursor.position()

@@ -40,6 +40,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from .base import StateError
+from .elastic import CARRY, OldShard, apply_carry, plan_shards, worker_trees
 from .fingerprint import check_sources
 from .wire import WireBatch, unwrap
 from .worker_memory import settle_worker_malloc
@@ -74,6 +75,8 @@ class ShardContext:
     worker: int
     num_workers: int
     round: int = 0
+    #: After an elastic resume, this shard's plan for the round (see elastic.py), else None.
+    elastic: Optional[Dict[str, Any]] = None
 
     @property
     def shard(self) -> int:
@@ -105,6 +108,7 @@ class NodeDataset(IterableDataset):
         self.factory, self.rank, self.world_size, self.num_workers = factory, rank, world_size, num_workers
         # Passed to the workers when they start (fork or spawn), then shared.
         self._round_cell = multiprocessing.RawValue("q", 0)
+        self._elastic: Optional[Dict[str, Any]] = None
         self._root = None
         self._root_round: Optional[int] = None
         self._active_round = 0
@@ -119,21 +123,36 @@ class NodeDataset(IterableDataset):
     def round(self, value: int) -> None:
         self._round_cell.value = int(value)
 
+    @property
+    def elastic(self) -> Optional[Dict[str, Any]]:
+        """After an elastic resume: ``{"round": r, "shards": {worker: plan}}`` for this rank."""
+        return self._elastic
+
+    @elastic.setter
+    def elastic(self, value: Optional[Dict[str, Any]]) -> None:
+        self._elastic, self._root = value, None  # graphs are built with their plan
+
     def _context(self, round_: int) -> ShardContext:
         info = get_worker_info()
         worker = 0 if info is None else info.id
         if info is not None and info.num_workers != self.num_workers:
             raise RuntimeError(f"loader runs {info.num_workers} workers but the dataset was built for "
                                f"num_workers={self.num_workers}; build it through tokenloom's loader")
-        return ShardContext(self.rank, self.world_size, worker, self.num_workers, round_)
+        plan = None
+        if self._elastic is not None and int(self._elastic["round"]) == round_:
+            plan = self._elastic["shards"][str(worker)]
+        return ShardContext(self.rank, self.world_size, worker, self.num_workers, round_, plan)
 
     def _start(self, round_: int, node_state: Optional[Dict[str, Any]]) -> None:
         self._failed = None
         try:
+            ctx = self._context(round_)
             if self._root is None or self._root_round != round_:
-                self._root = self.factory(self._context(round_))
+                self._root = self.factory(ctx)
                 self._root_round = round_
             self._root.reset(node_state)
+            if node_state is None and ctx.elastic is not None:
+                apply_carry(self._root, ctx.elastic[CARRY])
         except Exception as e:
             if get_worker_info() is None:
                 raise
@@ -173,8 +192,10 @@ class NodeDataset(IterableDataset):
 
 #: What to tell the user when a setting differs from the one the state was saved with.
 CONFIG_HINTS = {
-    "world_size": "positions are per rank; resume with the same number of ranks",
-    "num_workers": "data is sharded per loader worker; pass the same num_workers to resume exactly",
+    "world_size": "positions are per rank; resume with the same number of ranks, or pass the list of every old "
+                  "rank's state to continue on this topology (elastic resume)",
+    "num_workers": "data is sharded per loader worker; pass the same num_workers to resume exactly, or pass "
+                   "[state, ...] (every old rank's state) to continue with these workers (elastic resume)",
     "seq_len": "rows are packed for one sequence length; resume with the same seq_len",
     "batch_size": "pass the same batch_size (positions count rows per batch)",
     "sources": "the files changed (names or sizes); resume on the same files, or start without the state",
@@ -231,6 +252,7 @@ class TokenLoomLoader(StatefulDataLoader):
     STEPS = "steps"
     EARLIER = "earlier_rounds"
     PHASE = "phase"
+    ELASTIC = "elastic"
     #: Where the current round stands: this rank still has data; this rank's data ended and
     #: it yields padding batches until every rank's has (rank_sync); the round has ended.
     DATA, PADDING, OVER = "data", "padding", "over"
@@ -344,6 +366,8 @@ class TokenLoomLoader(StatefulDataLoader):
         self._worker_stats = {}
         self._steps = 0
         self._phase, self._padding_inner = self.DATA, None
+        if self.dataset.elastic is not None and int(self.dataset.elastic["round"]) < self.dataset.round:
+            self.dataset.elastic = None  # an elastic resume's plan covers the round it happened in
 
     def worker_stats(self) -> Dict[str, List[int]]:
         """Per worker, the latest cumulative statistics vector seen by the training loop."""
@@ -368,27 +392,47 @@ class TokenLoomLoader(StatefulDataLoader):
                 self.STEPS: self._steps,
                 self.EARLIER: list(self._earlier_rounds),
                 self.PHASE: self._phase,
+                self.ELASTIC: self.dataset.elastic,
             },
-            self.LOADER: self._padding_inner if self._padding_inner is not None else super().state_dict(),
+            self.LOADER: self._inner_state(),
         }
 
-    def load_state_dict(self, state_dict: Any, *, allow_weight_change: bool = False) -> None:
-        """Continue from ``state_dict``, what ``state_dict()`` returned (or its `decode_state`)."""
-        state_dict = decode_state(state_dict)
-        meta = state_dict[self.META]
-        self._generation += 1
+    def _inner_state(self) -> Dict[str, Any]:
+        if self._padding_inner is not None:
+            return self._padding_inner
+        if self._iterator is None and self.next_iter_state is None:
+            # Not started and nothing loaded: the start of the round. (StatefulDataLoader would
+            # start the workers to ask them, which torch.distributed.checkpoint's load does
+            # on a fresh loader: 130-290 ms with 2 workers, thrown away at the load.)
+            return {}
+        return super().state_dict()
+
+    def _check_meta(self, meta: Mapping[str, Any], allow_weight_change: bool, topology: bool = True) -> None:
         if meta.get(self.FORMAT) != STATE_FORMAT or meta.get(self.VERSION) != STATE_VERSION:
             raise ValueError(
                 f"loader state has format {meta.get(self.FORMAT)!r} version {meta.get(self.VERSION)!r}; this tokenloom "
                 f"reads {STATE_FORMAT!r} version {STATE_VERSION}. Resume with the tokenloom version that saved it."
             )
-        check_config(meta[self.CONFIG], self.config, ignore=("weights",) if allow_weight_change else ())
-        inner = state_dict[self.LOADER]
+        ignore = (("weights",) if allow_weight_change else ()) + (() if topology else TOPOLOGY)
+        check_config(meta[self.CONFIG], self.config, ignore=ignore)
         n = len(self.stats_keys)
         bad = {w: len(v) for w, v in meta[self.STATS].items() if len(v) != n}
         if bad or len(meta[self.EARLIER]) != n:
             raise ValueError(f"loader state carries statistics of another layout (counters per worker {bad}, "
                              f"this loader counts {n}: {list(self.stats_keys)}); was it saved by another recipe?")
+
+    def load_state_dict(self, state_dict: Any, *, allow_weight_change: bool = False) -> None:
+        """Continue from ``state_dict``, what ``state_dict()`` returned (or its `decode_state`):
+        the exact next batch. Or, for a run that changes shape, from the list of every old
+        rank's state (any world size and ``num_workers``; see elastic.py): every document of
+        the interrupted epoch exactly once."""
+        if isinstance(state_dict, (list, tuple)):
+            return self._load_elastic(list(state_dict), allow_weight_change)
+        state_dict = decode_state(state_dict)
+        meta = state_dict[self.META]
+        self._generation += 1
+        self._check_meta(meta, allow_weight_change)
+        inner = state_dict[self.LOADER]
         self._worker_stats = copy.deepcopy(meta[self.STATS])
         self._padding_batches = int(meta[self.PADDING_BATCHES])
         self._steps = int(meta[self.STEPS])
@@ -397,6 +441,7 @@ class TokenLoomLoader(StatefulDataLoader):
         if phase not in (self.DATA, self.PADDING, self.OVER):
             raise ValueError(f"loader state has {phase=}; expected one of {[self.DATA, self.PADDING, self.OVER]}")
         self._resume_padding, self._padding_inner = False, None
+        self.dataset.elastic = meta[self.ELASTIC]
         if phase == self.OVER:
             # Saved after a round ran to its end: resume with the next round (meta-pytorch/data#1437).
             self.dataset.round = int(meta[self.ROUND]) + 1
@@ -411,6 +456,88 @@ class TokenLoomLoader(StatefulDataLoader):
             self.dataset.round = int(meta[self.ROUND])
             self._phase = self.DATA
             super().load_state_dict(inner)
+
+
+    def _load_elastic(self, states: List[Any], allow_weight_change: bool) -> None:
+        """Continue a run saved on another topology from every old rank's state (elastic.py)."""
+        if not states:
+            raise ValueError("load_state_dict([]): an elastic resume needs the state of every old rank; got none")
+        factory = self.dataset.factory
+        if not callable(getattr(factory, "source_names", None)):
+            raise ValueError(f"{type(factory).__name__} graphs cannot change topology on resume (elastic resume is "
+                             "for pretrain and sft); resume with the world size and num_workers the states were saved with")
+        decoded = [decode_state(s) for s in states]
+        metas = [d[self.META] for d in decoded]
+        for meta in metas:
+            self._check_meta(meta, allow_weight_change, topology=False)
+        first = metas[0][self.CONFIG]
+        old_world, old_workers = int(first["world_size"]), int(first["num_workers"])
+        ranks = sorted(int(m[self.CONFIG]["rank"]) for m in metas)
+        twice = sorted({r for r in ranks if ranks.count(r) > 1})
+        if twice:
+            raise ValueError(f"the states hold rank(s) {twice} more than once; pass each old rank's state once")
+        for m in metas:
+            c = m[self.CONFIG]
+            if (c["world_size"], c["num_workers"]) != (old_world, old_workers):
+                raise ValueError(f"the states come from different runs: rank {c['rank']} was saved with world_size="
+                                 f"{c['world_size']}, num_workers={c['num_workers']}, rank {first['rank']} with "
+                                 f"world_size={old_world}, num_workers={old_workers}")
+        missing = sorted(set(range(old_world)) - set(ranks))
+        if missing:
+            raise ValueError(f"the states of rank(s) {missing} are missing: the old run had world_size={old_world}; "
+                             "pass every old rank's state")
+        where = {(int(m[self.ROUND]), int(m[self.STEPS])) for m in metas}
+        phases = {m[self.PHASE] for m in metas}
+        if len(where) != 1 or (self.OVER in phases and len(phases) > 1):
+            seen = sorted((int(m[self.CONFIG]["rank"]), m[self.ROUND], m[self.STEPS], m[self.PHASE]) for m in metas)
+            raise ValueError("the states were saved at different points of the run (rank, round, step, phase): "
+                             f"{seen}; pass the states every rank saved at the same step")
+        (round_, steps), = where
+        self._generation += 1
+        rank, world = int(self.config["rank"]), int(self.config["world_size"])
+        workers = max(self.num_workers, 1)
+        summed = [sum(int(m[self.EARLIER][i]) for m in metas) for i in range(len(self.stats_keys))]
+        now = [0] * len(self.stats_keys)
+        for m in metas:
+            now = [a + b for a, b in zip(now, self._combine(m[self.STATS].values()))]
+        totals = [a + b for a, b in zip(summed, now)] if phases == {self.OVER} else summed
+        self._earlier_rounds = [t * (rank + 1) // world - t * rank // world for t in totals]
+        self._worker_stats, self._steps, self._padding_batches = {}, 0 if phases == {self.OVER} else steps, 0
+        self._resume_padding, self._padding_inner, self._phase = False, None, self.DATA
+        if phases == {self.OVER}:
+            self.dataset.round, self.dataset.elastic = round_ + 1, None
+        else:
+            old = []
+            for d in sorted(decoded, key=lambda d: int(d[self.META][self.CONFIG]["rank"])):
+                old += self._old_shards(d, round_, old_world, old_workers)
+            epochs = self.config.get("epochs")
+            plans = plan_shards(old, factory.source_names(), new_shards=range(rank * workers, (rank + 1) * workers),
+                                num_new=world * workers, step=steps, round_=round_,
+                                last_epoch=None if epochs is None else (round_ + 1) * epochs - 1, schedule_shares=())
+            self.dataset.round = round_
+            self.dataset.elastic = {"round": round_, "shards": {str(g - rank * workers): p for g, p in plans.items()}}
+        super().load_state_dict({})
+
+    def _old_shards(self, state: Mapping[str, Any], round_: int, world: int, workers: int) -> List[OldShard]:
+        """The old rank's shards, rebuilt under its topology and restored (elastic.py)."""
+        meta, inner = state[self.META], state[self.LOADER]
+        rank = int(meta[self.CONFIG]["rank"])
+        if inner.get("_steps_since_snapshot"):
+            raise ValueError(f"rank {rank}'s state was taken {inner['_steps_since_snapshot']} batches after its last "
+                             "worker snapshot (snapshot_every_n_steps > 1): an elastic resume needs the position of "
+                             "every batch; save with snapshot_every_n_steps=1 (the default)")
+        trees = worker_trees(inner) if inner else {}  # {}: saved before the round started
+        plan = meta[self.ELASTIC]
+        out = []
+        for w in range(max(workers, 1)):
+            tree = trees.get(w) or {}
+            shard_plan = plan["shards"][str(w)] if plan is not None and int(plan["round"]) == round_ else None
+            root = self.dataset.factory(ShardContext(rank, world, w, workers, round_, shard_plan))
+            root.reset(tree.get("node"))
+            if tree.get("node") is None and shard_plan is not None:
+                apply_carry(root, shard_plan[CARRY])
+            out.append(OldShard(root))
+        return out
 
 
 #: The key of a loader's entry in its state dict: ``tokenloom_rank_<data rank>``.
@@ -466,6 +593,10 @@ def decode_state(state: Any) -> Dict[str, Any]:
         raise ValueError(f"loader state {key!r} holds the state of rank {config['rank']}; it was stored under "
                          "another rank's key")
     return {TokenLoomLoader.META: meta, TokenLoomLoader.LOADER: inner}
+
+
+#: The settings an elastic resume may change.
+TOPOLOGY = ("world_size", "rank", "num_workers")
 
 
 class _StatsIterator:

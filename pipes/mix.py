@@ -245,9 +245,11 @@ class Mix(Node[TokenDoc]):
                     break
                 if not self.cycle_exhausted:
                     continue  # it belongs to the next pass; the source drops out
+            # used > 0: delivered in part before an elastic resume, and counted then
+            used = getattr(doc, "used", 0)
             if self.unit == "tokens" or isinstance(doc, TokenDoc):
-                self._tokens[i] += len(doc.ids)
-            self._docs[i] += 1
+                self._tokens[i] += len(doc.ids) - used
+            self._docs[i] += used == 0
             return doc
         raise StopIteration
 
@@ -258,6 +260,25 @@ class Mix(Node[TokenDoc]):
             self.EXHAUSTED: list(self._exhausted), self.PICKS: self._picks, self.CURSOR: self._cursor,
             self.ENDED: self._ended, self.ERA: self._era, self.ERA_BASE: list(self._era_base),
         }
+
+    def get_state_counters(self) -> Dict[str, Any]:
+        """The counters an elastic resume carries over (elastic.py), per source in order."""
+        return {"tokens": list(self._tokens), "documents": list(self._docs), "passes": list(self._passes),
+                "exhausted": list(self._exhausted), "era_base": list(self._era_base)}
+
+    def carry_counters(self, carry: Mapping[str, Any]) -> None:
+        """Continue from an elastic resume's share of the old shards' counters: the shares of
+        the current era are counted from ``era_base`` as before the resume."""
+        self._tokens = [int(x) for x in carry["tokens"]]
+        self._docs = [int(x) for x in carry["documents"]]
+        self._passes = [int(x) for x in carry["passes"]]
+        self._exhausted = [bool(x) for x in carry["exhausted"]]
+        self._era_base = [int(x) for x in carry["era_base"]]
+        if self.clock is not None:
+            step = self.clock.step
+            due = max(i for i, (s, _) in enumerate(self.schedule) if s <= step)
+            self.clock.eras = [(0, [self.schedule[due][1][n] for n in self.names])]
+            self._era = 0
 
     def source_stats(self) -> Dict[str, Dict[str, int]]:
         """Per source: tokens and documents handed downstream, and passes started."""

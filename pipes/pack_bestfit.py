@@ -85,6 +85,7 @@ class BestFitPack(Node[Row]):
     def _clear(self) -> None:
         self._slots = Slots(self.buffer_size, self.row_len, mode=self.mode, min_fill=self.min_fill)
         self._slot_of: Dict[int, int] = {}  # seq -> slot
+        self._docs: Dict[int, TokenDoc] = {}  # seq -> the buffered document (where it came from: elastic.py)
         self._ages: Deque[int] = deque()  # buffered seqs in pull order, lazily pruned: the front is the oldest
         self._ckpts: Deque[Tuple[int, Dict[str, Any]]] = deque()
         self._pulled = 0
@@ -126,6 +127,7 @@ class BestFitPack(Node[Row]):
 
     def _add(self, seq: int, doc: TokenDoc, used: int) -> None:
         self._slot_of[seq] = self._slots.add(seq, doc.ids, used, doc.mask, doc.source)
+        self._docs[seq] = doc
         self._ages.append(seq)
 
     def _replay(self) -> None:
@@ -157,11 +159,12 @@ class BestFitPack(Node[Row]):
                 self._ended = True
                 break
             self._pulled = seq + 1
-            n = len(doc.ids)
-            tokens += n
-            docs += 1
-            if n:  # an empty document (no BOS, no text) has nothing to place
-                self._slot_of[seq] = slots.add(seq, doc.ids, 0, doc.mask, doc.source)
+            n, used = len(doc.ids), doc.used  # used > 0: delivered in part before an elastic resume
+            tokens += n - used
+            docs += used == 0
+            if n > used:  # an empty document (no BOS, no text) has nothing to place
+                self._slot_of[seq] = slots.add(seq, doc.ids, used, doc.mask, doc.source)
+                self._docs[seq] = doc
                 self._ages.append(seq)
         stats["tokens_in"] += tokens
         stats["documents"] += docs
@@ -199,6 +202,7 @@ class BestFitPack(Node[Row]):
         out = self._slots.build_row(self._top_up, self._overdue())
         for seq in out.freed_seqs:
             del self._slot_of[seq]
+            del self._docs[seq]
         filled = int(out.seg_lens.sum())
         out.tokens[filled:] = self.pad_id
         st = self._stats
@@ -236,9 +240,21 @@ class BestFitPack(Node[Row]):
         used = self._slots.used_array()[slots[order]]
         return self._state(parent_state, base, self._pulled, (seqs[order] - base).tolist(), used.tolist())
 
+    def in_flight(self) -> List[Tuple[TokenDoc, int]]:
+        """The buffered documents and how many tokens of each were delivered, oldest first
+        (for an elastic resume; a restored buffer is rebuilt first)."""
+        if self._replay_to:
+            self._replay()
+        used = self._slots.used_array()
+        return [(self._docs[seq], int(used[self._slot_of[seq]])) for seq in sorted(self._slot_of)]
+
     def _state(self, parent, base, pulled, live, consumed) -> Dict[str, Any]:
         return {self.PARENT: parent, self.BASE: base, self.PULLED: pulled, self.LIVE: live,
                 self.CONSUMED: consumed, self.ENDED: self._ended, self.STATS: dict(self._stats)}
+
+    def carry_stats(self, stats: Dict[str, int]) -> None:
+        """Continue the statistics of an elastic resume (elastic.py)."""
+        self._stats = load_stats(stats)
 
     def stats(self) -> Dict[str, int]:
         return dict(self._stats)

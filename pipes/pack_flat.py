@@ -9,7 +9,7 @@ plus how many of its tokens were already placed.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -63,10 +63,11 @@ class FlatPack(Node[Row]):
                     break
                 self._off, replayed, self._skip = self._skip, self._skip > 0, 0
                 if not replayed:
-                    n = len(self._doc.ids)
-                    self._stats["tokens_in"] += n
-                    self._stats["documents"] += 1
-                    self._stats["chunked"] += int(n > C)
+                    # used > 0: its first tokens were delivered before an elastic resume
+                    n, self._off = len(self._doc.ids), self._doc.used
+                    self._stats["tokens_in"] += n - self._off
+                    self._stats["documents"] += self._off == 0
+                    self._stats["chunked"] += int(n > C and self._off == 0)
             doc = self._doc
             take = min(C - pos, len(doc.ids) - self._off)
             tokens[pos:pos + take] = doc.ids[self._off:self._off + take]
@@ -93,6 +94,19 @@ class FlatPack(Node[Row]):
             parent = self._doc_state if self._skip else self.parent.state_dict()
             return {self.PARENT: parent, self.OFFSET: self._skip, self.STATS: dict(self._stats)}
         return {self.PARENT: self._doc_state, self.OFFSET: self._off, self.STATS: dict(self._stats)}
+
+    def in_flight(self) -> List[Tuple[TokenDoc, int]]:
+        """The document being cut into rows and how many of its tokens were delivered (for an
+        elastic resume; a restored position is re-read first)."""
+        if self._doc is None and self._skip:
+            self._doc_state = self.parent.state_dict()
+            self._doc = next(self.parent)
+            self._off, self._skip = self._skip, 0
+        return [] if self._doc is None else [(self._doc, self._off)]
+
+    def carry_stats(self, stats: Dict[str, int]) -> None:
+        """Continue the statistics of an elastic resume (elastic.py)."""
+        self._stats = load_stats(stats)
 
     def stats(self) -> Dict[str, int]:
         return dict(self._stats)

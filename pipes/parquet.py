@@ -47,7 +47,7 @@ import pyarrow.parquet as pq
 from .base import Node
 from .fingerprint import content_key
 from .items import Doc
-from .shard import ROW_ORDER_TAG, ShardUnits, WorkSlice, rng_for
+from .shard import ROW_ORDER_TAG, ShardUnits, WorkSlice, rng_for, unread_after
 from .sources import FileChangedError, SourceFile
 
 log = logging.getLogger(__name__)
@@ -223,9 +223,10 @@ class ReadParquet(Node[Doc]):
         self._skip_to = 0
         self._skipped = 0
         self._warned = False
+        self._last_table: Optional[Tuple[int, Any]] = None
 
     def reset(self, initial_state: Optional[Dict[str, Any]] = None) -> None:
-        self._slice, self._texts = None, []
+        self._slice, self._texts, self._last_table = None, [], None
         if initial_state is None:
             self.parent.reset(None)
             self._slice_start_state = None
@@ -250,8 +251,13 @@ class ReadParquet(Node[Doc]):
     def _load(self, s: WorkSlice) -> None:
         u = s.unit
         try:
-            table = self._file(int(self.units.file[u])).read_row_group(int(self.units.row_group[u]),
-                                                                         columns=[self.column])
+            if self._last_table is not None and self._last_table[0] == u:
+                # An elastic resume's prefix lists documents one by one, sorted by unit.
+                table = self._last_table[1]
+            else:
+                table = self._file(int(self.units.file[u])).read_row_group(int(self.units.row_group[u]),
+                                                                             columns=[self.column])
+                self._last_table = (u, table)
         except FileChangedError:
             raise
         except Exception as e:
@@ -293,13 +299,30 @@ class ReadParquet(Node[Doc]):
                         log.warning("skipping null text at %s (further nulls are counted, not logged)",
                                     self.units.where(self._slice.unit, int(self._rows[i])))
                     continue
-                return Doc(text, self.source, self._slice.unit, int(self._rows[i]), self._slice.epoch)
+                s = self._slice
+                return Doc(text, self.source, s.unit, int(self._rows[i]), s.epoch, s.lo + i, s.used)
             self._slice = None
 
     @property
     def skipped(self) -> int:
         """Rows skipped so far (restored with the state); recipes show it in ``loader.stats()``."""
         return self._skipped
+
+    def carry_skipped(self, skipped: int) -> None:
+        """Continue the skipped count of an elastic resume (elastic.py)."""
+        self._skipped = int(skipped)
+
+    def next_epoch(self) -> int:
+        """The epoch of the next row this reader would read."""
+        if self._slice is not None and self._pos < len(self._texts):
+            return self._slice.epoch
+        return self.parent.next_epoch()
+
+    def unread(self, upto_epoch: int) -> List[WorkSlice]:
+        """Rows not read yet, of epochs up to ``upto_epoch`` (an elastic resume's leftover)."""
+        if self._slice is None:
+            return unread_after(self.parent, None, self._skip_to, upto_epoch)
+        return unread_after(self.parent, self._slice, self._pos, upto_epoch)
 
     def get_state(self) -> Dict[str, Any]:
         if self._slice is None:

@@ -87,8 +87,9 @@ class StepClock:
     ERAS = "eras"
     STATE_KEYS = (BATCHES, PICKS, ERAS)
 
-    def __init__(self, worker: int = 0, num_workers: int = 1):
-        self.worker, self.num_workers = worker, max(num_workers, 1)
+    def __init__(self, worker: int = 0, num_workers: int = 1, base: int = 0):
+        # base: the loop's step when this layout started (an elastic resume, see elastic.py)
+        self.worker, self.num_workers, self.base = worker, max(num_workers, 1), base
         self.batches = 0  # batches this worker has completed
         self.picks = 0  # picks the mixer has made: the replay horizon
         self.eras: List[Tuple[int, List[float]]] = []
@@ -97,7 +98,7 @@ class StepClock:
     @property
     def step(self) -> int:
         """The step of the batch being built now."""
-        return self.worker + self.num_workers * self.batches
+        return self.base + self.worker + self.num_workers * self.batches
 
     def era_for_pick(self, pick: int, schedule: List[Tuple[int, Dict[str, float]]], names: Sequence[str]) -> int:
         """The index of the era governing pick number ``pick``, recording a new era when a

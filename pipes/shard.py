@@ -25,7 +25,7 @@ takes ~45 ms, where calling the former per-shard loop 8,000 times took ~35-50 s.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, NamedTuple, Optional
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence
 
 import numpy as np
 
@@ -42,12 +42,16 @@ def rng_for(seed: int, *parts: int) -> np.random.Generator:
 
 
 class WorkSlice(NamedTuple):
-    """Rows ``[lo, hi)`` (in the epoch's row order of the unit) of unit ``unit``."""
+    """Rows ``[lo, hi)`` (in the epoch's row order of the unit) of unit ``unit``.
+
+    ``used`` > 0 only in an elastic resume's prefix: a one-row slice whose document had
+    its first ``used`` tokens delivered before the resume (see elastic.py)."""
 
     epoch: int
     unit: int
     lo: int
     hi: int
+    used: int = 0
 
 
 class EpochPlan(NamedTuple):
@@ -112,6 +116,21 @@ def plan_epoch(unit_rows: np.ndarray, *, seed: int, epoch: int, shard: int, num_
                        shuffle=shuffle).slices(shard)
 
 
+def unread_after(parent: "ShardUnits", current: Optional[WorkSlice], done: int, upto_epoch: int) -> List[WorkSlice]:
+    """What a reader has not read yet of epochs up to ``upto_epoch``: the rest of its current
+    slice (``done`` rows of it read) and the slices its sharder has not emitted. A reader
+    restored at a slice's start with rows to skip passes ``current=None`` and ``done`` = the
+    skip; its sharder then still holds that slice."""
+    rest = parent.unread(upto_epoch)
+    if current is None:
+        if done and rest:
+            first = rest[0]
+            rest[0] = first._replace(lo=first.lo + done)
+        return [s for s in rest if s.hi > s.lo]
+    head = [current._replace(lo=current.lo + done)] if current.lo + done < current.hi else []
+    return (head if current.epoch <= upto_epoch else []) + rest
+
+
 def check_shardable(total_rows: int, num_shards: int, what: str) -> None:
     """Every shard must own at least one row, or an endless epoch would spin on nothing."""
     if total_rows < num_shards:
@@ -127,15 +146,21 @@ class ShardUnits(Node[WorkSlice]):
 
     ``epochs=None`` cycles forever; ``epochs=n`` stops after epochs
     ``first_epoch .. first_epoch + n - 1``.
+
+    After an elastic resume (another world size or worker count, see elastic.py) a shard
+    first emits ``prefix``, its share of what the old shards had left of their epochs,
+    then plans normally from ``resume_epoch`` on. ``PREFIX`` counts the prefix slices
+    emitted.
     """
 
     EPOCH = "epoch"
     INDEX = "index"
-    STATE_KEYS = (EPOCH, INDEX)
+    PREFIX = "prefix"
+    STATE_KEYS = (EPOCH, INDEX, PREFIX)
 
     def __init__(self, unit_rows: np.ndarray, *, shard: int, num_shards: int, seed: int,
                  epochs: Optional[int] = None, first_epoch: int = 0, shuffle: bool = True,
-                 what: str = "the corpus"):
+                 what: str = "the corpus", prefix: Sequence[WorkSlice] = (), resume_epoch: Optional[int] = None):
         super().__init__()
         if not 0 <= shard < num_shards:
             raise ValueError(f"{shard=} must be in [0, {num_shards=})")
@@ -145,25 +170,54 @@ class ShardUnits(Node[WorkSlice]):
         check_shardable(int(self.unit_rows.sum()), num_shards, what)
         self.shard, self.num_shards, self.seed = shard, num_shards, seed
         self.epochs, self.first_epoch, self.shuffle = epochs, first_epoch, shuffle
-        self._epoch = first_epoch
+        self.prefix = [WorkSlice(*s) for s in prefix]
+        self.start_epoch = first_epoch if resume_epoch is None else int(resume_epoch)
+        self._epoch = self.start_epoch
         self._index = 0
+        self._pre = 0
         self._plan: Optional[List[WorkSlice]] = None
 
     def reset(self, initial_state: Optional[Dict[str, Any]] = None) -> None:
         if initial_state is None:
-            self._epoch, self._index = self.first_epoch, 0
+            self._epoch, self._index, self._pre = self.start_epoch, 0, 0
         else:
             self._epoch, self._index = int(initial_state[self.EPOCH]), int(initial_state[self.INDEX])
+            self._pre = int(initial_state[self.PREFIX])
+            if self._pre > len(self.prefix):
+                raise ValueError(f"ShardUnits: the state has emitted {self._pre} prefix slices of "
+                                 f"{len(self.prefix)}; it was saved by another elastic resume plan")
         self._plan = None
 
     def _finished(self) -> bool:
         return self.epochs is not None and self._epoch >= self.first_epoch + self.epochs
 
+    def _plan_of(self, epoch: int) -> List[WorkSlice]:
+        return plan_epoch(self.unit_rows, seed=self.seed, epoch=epoch, shard=self.shard,
+                          num_shards=self.num_shards, shuffle=self.shuffle)
+
+    def unread(self, upto_epoch: int) -> List[WorkSlice]:
+        """The slices this node has not emitted yet whose epoch is at most ``upto_epoch``
+        (the rest of the prefix, then the planned epochs), for an elastic resume."""
+        out = [s for s in self.prefix[self._pre:] if s.epoch <= upto_epoch]
+        last = upto_epoch if self.epochs is None else min(upto_epoch, self.first_epoch + self.epochs - 1)
+        for epoch in range(self._epoch, last + 1):
+            plan = self._plan_of(epoch)
+            out += plan[self._index:] if epoch == self._epoch else plan
+        return out
+
+    def next_epoch(self) -> int:
+        """The epoch of the next slice this node would emit (its position, in epochs)."""
+        if self._pre < len(self.prefix):
+            return self.prefix[self._pre].epoch
+        return self._epoch
+
     def next(self) -> WorkSlice:
+        if self._pre < len(self.prefix):
+            self._pre += 1
+            return self.prefix[self._pre - 1]
         while not self._finished():
             if self._plan is None:
-                self._plan = plan_epoch(self.unit_rows, seed=self.seed, epoch=self._epoch, shard=self.shard,
-                                        num_shards=self.num_shards, shuffle=self.shuffle)
+                self._plan = self._plan_of(self._epoch)
             if self._index < len(self._plan):
                 item = self._plan[self._index]
                 self._index += 1
@@ -172,4 +226,4 @@ class ShardUnits(Node[WorkSlice]):
         raise StopIteration
 
     def get_state(self) -> Dict[str, Any]:
-        return {self.EPOCH: self._epoch, self.INDEX: self._index}
+        return {self.EPOCH: self._epoch, self.INDEX: self._index, self.PREFIX: self._pre}

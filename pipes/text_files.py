@@ -50,7 +50,7 @@ import numpy as np
 
 from .base import Node
 from .items import Doc
-from .shard import ROW_ORDER_TAG, ShardUnits, WorkSlice, rng_for
+from .shard import ROW_ORDER_TAG, ShardUnits, WorkSlice, rng_for, unread_after
 from .sources import SourceFile
 
 #: Bytes read per step while listing; a line longer than this is joined across steps.
@@ -371,6 +371,22 @@ class UnitCursor:
                 return self._slice, row
             self._slice = None
 
+    def unread(self, upto_epoch: int) -> List[WorkSlice]:
+        """Rows not handed out yet, of epochs up to ``upto_epoch`` (see `unread_after`)."""
+        if self._slice is None:
+            return unread_after(self.parent, None, self._skip_to, upto_epoch)
+        return unread_after(self.parent, self._slice, self._pos, upto_epoch)
+
+    def next_epoch(self) -> int:
+        """The epoch of the next row this cursor would hand out."""
+        if self._slice is not None and self._pos < len(self._rows):
+            return self._slice.epoch
+        return self.parent.next_epoch()
+
+    def last_pos(self) -> int:
+        """The position (in the slice's row order) of the row handed out last."""
+        return self._slice.lo + self._pos - 1
+
     def position(self) -> Tuple[Dict[str, Any], int]:
         if self._slice is None:
             # Between slices: the next slice starts where the sharder stands now.
@@ -421,7 +437,13 @@ class ReadText(Node[Doc]):
 
     def next(self) -> Doc:
         s, row = self._cursor.next()
-        return Doc(self._docs[row], self.source, s.unit, row, s.epoch)
+        return Doc(self._docs[row], self.source, s.unit, row, s.epoch, self._cursor.last_pos(), s.used)
+
+    def unread(self, upto_epoch: int) -> List[WorkSlice]:
+        return self._cursor.unread(upto_epoch)
+
+    def next_epoch(self) -> int:
+        return self._cursor.next_epoch()
 
     def get_state(self) -> Dict[str, Any]:
         parent, row = self._cursor.position()

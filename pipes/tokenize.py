@@ -78,7 +78,7 @@ class Tokenize(Node[TokenDoc]):
             arr[head:head + len(t)] = t
             if tail:
                 arr[-1] = self.eos
-            out.append(TokenDoc(arr, d.source, None, d.epoch))
+            out.append(TokenDoc(arr, d.source, None, d.epoch, d.unit, d.pos, d.used))
         self._out = out
         self._emitted, self._skip = self._skip, 0
 
@@ -91,6 +91,13 @@ class Tokenize(Node[TokenDoc]):
         item = self._out[self._emitted]
         self._emitted += 1
         return item
+
+    def in_flight(self) -> List[TokenDoc]:
+        """Documents read but not handed on (for an elastic resume); re-encodes the batch a
+        restore left pending, so the reader stands where it stood at the save."""
+        if self._skip and self._emitted >= len(self._out):
+            self._fill()
+        return self._out[self._emitted:]
 
     def get_state(self) -> Dict[str, Any]:
         if self._emitted >= len(self._out):

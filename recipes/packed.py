@@ -24,6 +24,7 @@ import torch
 from tokenloom.pipes.batch import IGNORE_INDEX, Batch, collate_rows
 from tokenloom.pipes.chat import ChatTemplate, RenderChat
 from tokenloom.pipes.check_args import check_int
+from tokenloom.pipes.elastic import STEP, prefix_of
 from tokenloom.pipes.loader import ShardContext, TokenLoomLoader
 from tokenloom.pipes.mix import STOPS, STRATEGIES, UNITS, Mix
 from tokenloom.pipes.pack_bestfit import BestFitPack
@@ -246,6 +247,10 @@ class PackedGraph:
     long_conversations: str = "truncate"
     end_label: Optional[int] = None  # the label after a whole document's last token: BOS id or -100
 
+    def source_names(self) -> List[str]:
+        """The sources in order: a graph that names them can resume on another topology (elastic.py)."""
+        return [p.name for p in self.plans]
+
     def __call__(self, ctx: ShardContext):
         first_epoch = ctx.round * self.epochs if self.epochs is not None else 0
         single = len(self.plans) == 1
@@ -254,9 +259,10 @@ class PackedGraph:
         renderers: List[RenderChat] = []
         for plan in self.plans:
             # With several sources the mixer decides when to stop, so branches are endless.
+            prefix, resume_epoch = prefix_of(ctx.elastic, plan.name)
             node = ShardUnits(plan.units.rows, shard=ctx.shard, num_shards=ctx.num_shards, seed=self.seed,
                               epochs=self.epochs if single else None, first_epoch=first_epoch,
-                              what=f"source {plan.name!r}")
+                              what=f"source {plan.name!r}", prefix=prefix, resume_epoch=resume_epoch)
             node = readers[plan.name] = plan.reader(node, seed=self.seed)
             if self.chat is None:
                 branches[plan.name] = Tokenize(node, self.encoder, bos=self.bos, eos=self.eos)
@@ -264,7 +270,7 @@ class PackedGraph:
                 branches[plan.name] = RenderChat(node, self.encoder, template=self.chat, max_tokens=self.seq_len + 1,
                                                  long=self.long_conversations)
                 renderers.append(branches[plan.name])
-        clock = StepClock(ctx.worker, ctx.num_workers)
+        clock = StepClock(ctx.worker, ctx.num_workers, base=ctx.elastic[STEP] if ctx.elastic else 0)
         if single:
             mixed, mixer = branches[self.plans[0].name], None
         else:
