@@ -23,6 +23,7 @@ from typing import Any, Dict, List, Mapping, Optional
 
 from tokenloom.pipes.batch import Batch
 from tokenloom.pipes.chat import RenderChat
+from tokenloom.pipes.elastic import worker_trees
 from tokenloom.pipes.fingerprint import fingerprint_summary
 from tokenloom.pipes.mix import Mix
 from tokenloom.pipes.pack_bestfit import BestFitPack
@@ -61,19 +62,6 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
 
 def kind(node: Any) -> Optional[str]:
     return KINDS.get(frozenset(node)) if isinstance(node, Mapping) else None
-
-
-def worker_trees(loader_state: Mapping[str, Any]) -> Dict[int, Any]:
-    """{worker: the NodeDataset state {"round", "node"}} from StatefulDataLoader's state."""
-    snapshot = loader_state.get("_snapshot")
-    if snapshot is None:  # 0 workers: the main process's fetcher holds the dataset state
-        return {0: _dataset_state(loader_state)}
-    return {int(w["worker_id"]): _dataset_state(w) for w in snapshot["_worker_snapshots"].values()}
-
-
-def _dataset_state(holder: Mapping[str, Any]) -> Any:
-    fetcher = holder.get("fetcher_state") or {}
-    return fetcher.get("dataset_iter_state") or holder.get("dataset_state")
 
 
 def branch_position(node: Any) -> str:
@@ -209,10 +197,18 @@ def show_state(args: argparse.Namespace) -> int:
     if snapshot is not None and config.get("num_workers"):
         nxt = (snapshot["_last_yielded_worker_id"] + 1) % config["num_workers"]
         lines.append(f"  the next batch comes from worker {nxt}")
-    lines.append("workers (positions below the packer are its restore point)")
+    elastic = meta.get("elastic")
+    if elastic is not None:
+        left = {w: sum(len(src["prefix"]) for src in plan["sources"].values()) for w, plan in elastic["shards"].items()}
+        lines.append(f"  continued from a run of another shape (elastic resume in round {elastic['round']} at step "
+                     f"{next(iter(elastic['shards'].values()))['step']}); slices handed over per worker: {left}")
     names = list(config.get("sources") or [])
-    for worker, tree in sorted(worker_trees(inner).items()):
-        lines += worker_lines(worker, tree, names)
+    if not inner:
+        lines.append("workers: not started when saved (a resume starts the round)")
+    else:
+        lines.append("workers (positions below the packer are its restore point)")
+        for worker, tree in sorted(worker_trees(inner).items()):
+            lines += worker_lines(worker, tree, names)
     stats = shaped_stats(meta)
     if stats is not None:
         lines.append("stats (summed over workers, as the training loop saw them)")
