@@ -40,7 +40,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from .base import StateError
-from .elastic import CARRY, OldShard, apply_carry, plan_shards, worker_trees
+from .elastic import CARRY, OldShard, apply_carry, plan_shards, trimmed, worker_trees
 from .fingerprint import check_sources
 from .wire import WireBatch, unwrap
 from .worker_memory import settle_worker_malloc
@@ -253,6 +253,7 @@ class TokenLoomLoader(StatefulDataLoader):
     EARLIER = "earlier_rounds"
     PHASE = "phase"
     ELASTIC = "elastic"
+    ROUND_PADDING = "round_padding"
     #: Where the current round stands: this rank still has data; this rank's data ended and
     #: it yields padding batches until every rank's has (rank_sync); the round has ended.
     DATA, PADDING, OVER = "data", "padding", "over"
@@ -305,6 +306,7 @@ class TokenLoomLoader(StatefulDataLoader):
             raise ValueError("rank_sync= needs padding_batch= (what a rank yields after its data ran out)")
         self.rank_sync, self.padding_batch = rank_sync, padding_batch
         self._padding_batches = 0
+        self._round_padding = 0  # padding batches of this round: the loop's step is _steps + this
 
     # --- iteration ---------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
@@ -364,7 +366,7 @@ class TokenLoomLoader(StatefulDataLoader):
         now = self._combine(self._worker_stats.values())
         self._earlier_rounds = [a + b for a, b in zip(self._earlier_rounds, now)]
         self._worker_stats = {}
-        self._steps = 0
+        self._steps = self._round_padding = 0
         self._phase, self._padding_inner = self.DATA, None
         if self.dataset.elastic is not None and int(self.dataset.elastic["round"]) < self.dataset.round:
             self.dataset.elastic = None  # an elastic resume's plan covers the round it happened in
@@ -381,7 +383,7 @@ class TokenLoomLoader(StatefulDataLoader):
         return encode_state(self._state(), int(self.config.get("rank", 0)))
 
     def _state(self) -> Dict[str, Any]:
-        return {
+        state = {
             self.META: {
                 self.FORMAT: STATE_FORMAT,
                 self.VERSION: STATE_VERSION,
@@ -389,13 +391,18 @@ class TokenLoomLoader(StatefulDataLoader):
                 self.ROUND: int(self.dataset.round),
                 self.STATS: copy.deepcopy(self._worker_stats),
                 self.PADDING_BATCHES: self._padding_batches,
+                self.ROUND_PADDING: self._round_padding,
                 self.STEPS: self._steps,
                 self.EARLIER: list(self._earlier_rounds),
                 self.PHASE: self._phase,
-                self.ELASTIC: self.dataset.elastic,
             },
             self.LOADER: self._inner_state(),
         }
+        meta = state[self.META]
+        plan = self.dataset.elastic
+        names = getattr(self.dataset.factory, "source_names", None)
+        meta[self.ELASTIC] = plan if plan is None or names is None else trimmed(plan, state[self.LOADER], names())
+        return state
 
     def _inner_state(self) -> Dict[str, Any]:
         if self._padding_inner is not None:
@@ -435,6 +442,7 @@ class TokenLoomLoader(StatefulDataLoader):
         inner = state_dict[self.LOADER]
         self._worker_stats = copy.deepcopy(meta[self.STATS])
         self._padding_batches = int(meta[self.PADDING_BATCHES])
+        self._round_padding = int(meta[self.ROUND_PADDING])
         self._steps = int(meta[self.STEPS])
         self._earlier_rounds = [int(x) for x in meta[self.EARLIER]]
         phase = meta[self.PHASE]
@@ -486,15 +494,21 @@ class TokenLoomLoader(StatefulDataLoader):
         if missing:
             raise ValueError(f"the states of rank(s) {missing} are missing: the old run had world_size={old_world}; "
                              "pass every old rank's state")
-        where = {(int(m[self.ROUND]), int(m[self.STEPS])) for m in metas}
+        # The loop's step: batches with data plus padding batches (ranks pad in step on a finite epoch).
+        where = {(int(m[self.ROUND]), int(m[self.STEPS]) + int(m[self.ROUND_PADDING])) for m in metas}
         phases = {m[self.PHASE] for m in metas}
         if len(where) != 1 or (self.OVER in phases and len(phases) > 1):
-            seen = sorted((int(m[self.CONFIG]["rank"]), m[self.ROUND], m[self.STEPS], m[self.PHASE]) for m in metas)
+            seen = sorted((int(m[self.CONFIG]["rank"]), m[self.ROUND], m[self.STEPS] + m[self.ROUND_PADDING],
+                           m[self.PHASE]) for m in metas)
             raise ValueError("the states were saved at different points of the run (rank, round, step, phase): "
                              f"{seen}; pass the states every rank saved at the same step")
         (round_, steps), = where
-        self._generation += 1
         rank, world = int(self.config["rank"]), int(self.config["world_size"])
+        if (old_world, old_workers) == (world, self.num_workers):
+            # The same topology: each rank's own state, exactly (bitwise) as a single dict.
+            own = next(d for d in decoded if int(d[self.META][self.CONFIG]["rank"]) == rank)
+            return self.load_state_dict(own, allow_weight_change=allow_weight_change)
+        self._generation += 1
         workers = max(self.num_workers, 1)
         summed = [sum(int(m[self.EARLIER][i]) for m in metas) for i in range(len(self.stats_keys))]
         now = [0] * len(self.stats_keys)
@@ -503,6 +517,7 @@ class TokenLoomLoader(StatefulDataLoader):
         totals = [a + b for a, b in zip(summed, now)] if phases == {self.OVER} else summed
         self._earlier_rounds = [t * (rank + 1) // world - t * rank // world for t in totals]
         self._worker_stats, self._steps, self._padding_batches = {}, 0 if phases == {self.OVER} else steps, 0
+        self._round_padding = 0
         self._resume_padding, self._padding_inner, self._phase = False, None, self.DATA
         if phases == {self.OVER}:
             self.dataset.round, self.dataset.elastic = round_ + 1, None
@@ -516,6 +531,12 @@ class TokenLoomLoader(StatefulDataLoader):
                                 last_epoch=None if epochs is None else (round_ + 1) * epochs - 1, schedule_shares=())
             self.dataset.round = round_
             self.dataset.elastic = {"round": round_, "shards": {str(g - rank * workers): p for g, p in plans.items()}}
+            for w in range(workers):
+                # What each new worker's counters start from, so stats() continues before its first batch.
+                root = factory(ShardContext(rank, world, w, self.num_workers, round_, plans[rank * workers + w]))
+                root.reset(None)
+                apply_carry(root, plans[rank * workers + w][CARRY])
+                self._worker_stats[str(w)] = [int(x) for x in root.counters()]
         super().load_state_dict({})
 
     def _old_shards(self, state: Mapping[str, Any], round_: int, world: int, workers: int) -> List[OldShard]:
@@ -668,6 +689,7 @@ class _StatsIterator:
             raise StopIteration
         if batch is None:
             loader._padding_batches += 1
+            loader._round_padding += 1
             return loader.padding_batch()
         return loader._see(batch)
 

@@ -160,7 +160,8 @@ class ShardUnits(Node[WorkSlice]):
 
     def __init__(self, unit_rows: np.ndarray, *, shard: int, num_shards: int, seed: int,
                  epochs: Optional[int] = None, first_epoch: int = 0, shuffle: bool = True,
-                 what: str = "the corpus", prefix: Sequence[WorkSlice] = (), resume_epoch: Optional[int] = None):
+                 what: str = "the corpus", prefix: Sequence[WorkSlice] = (), resume_epoch: Optional[int] = None,
+                 prefix_offset: int = 0):
         super().__init__()
         if not 0 <= shard < num_shards:
             raise ValueError(f"{shard=} must be in [0, {num_shards=})")
@@ -170,7 +171,11 @@ class ShardUnits(Node[WorkSlice]):
         check_shardable(int(self.unit_rows.sum()), num_shards, what)
         self.shard, self.num_shards, self.seed = shard, num_shards, seed
         self.epochs, self.first_epoch, self.shuffle = epochs, first_epoch, shuffle
+        # A saved plan drops the prefix slices no restore can need again: prefix[0] is slice
+        # number prefix_offset, and PREFIX counts from the plan's first slice.
         self.prefix = [WorkSlice(*s) for s in prefix]
+        self.prefix_offset = int(prefix_offset)
+        self._end = self.prefix_offset + len(self.prefix)
         self.start_epoch = first_epoch if resume_epoch is None else int(resume_epoch)
         self._epoch = self.start_epoch
         self._index = 0
@@ -179,13 +184,17 @@ class ShardUnits(Node[WorkSlice]):
 
     def reset(self, initial_state: Optional[Dict[str, Any]] = None) -> None:
         if initial_state is None:
+            if self.prefix_offset:
+                raise RuntimeError("this round continues an elastic resume whose handed-over work is partly used up, "
+                                   "so it cannot restart from its start (a break, then iter(loader) again); keep one "
+                                   "iterator, or load the state again")
             self._epoch, self._index, self._pre = self.start_epoch, 0, 0
         else:
             self._epoch, self._index = int(initial_state[self.EPOCH]), int(initial_state[self.INDEX])
             self._pre = int(initial_state[self.PREFIX])
-            if self._pre > len(self.prefix):
-                raise ValueError(f"ShardUnits: the state has emitted {self._pre} prefix slices of "
-                                 f"{len(self.prefix)}; it was saved by another elastic resume plan")
+            if not (self.prefix_offset <= self._pre <= self._end) and (self.prefix or self._pre):
+                raise ValueError(f"ShardUnits: the state has emitted {self._pre} prefix slices, the plan holds "
+                                 f"{self.prefix_offset}..{self._end}; it was saved by another elastic resume plan")
         self._plan = None
 
     def _finished(self) -> bool:
@@ -198,7 +207,7 @@ class ShardUnits(Node[WorkSlice]):
     def unread(self, upto_epoch: int) -> List[WorkSlice]:
         """The slices this node has not emitted yet whose epoch is at most ``upto_epoch``
         (the rest of the prefix, then the planned epochs), for an elastic resume."""
-        out = [s for s in self.prefix[self._pre:] if s.epoch <= upto_epoch]
+        out = [s for s in self.prefix[self._pre - self.prefix_offset:] if s.epoch <= upto_epoch]
         last = upto_epoch if self.epochs is None else min(upto_epoch, self.first_epoch + self.epochs - 1)
         for epoch in range(self._epoch, last + 1):
             plan = self._plan_of(epoch)
@@ -207,14 +216,14 @@ class ShardUnits(Node[WorkSlice]):
 
     def next_epoch(self) -> int:
         """The epoch of the next slice this node would emit (its position, in epochs)."""
-        if self._pre < len(self.prefix):
-            return self.prefix[self._pre].epoch
+        if self._pre < self._end:
+            return self.prefix[self._pre - self.prefix_offset].epoch
         return self._epoch
 
     def next(self) -> WorkSlice:
-        if self._pre < len(self.prefix):
+        if self._pre < self._end:
             self._pre += 1
-            return self.prefix[self._pre - 1]
+            return self.prefix[self._pre - 1 - self.prefix_offset]
         while not self._finished():
             if self._plan is None:
                 self._plan = self._plan_of(self._epoch)

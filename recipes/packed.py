@@ -259,10 +259,9 @@ class PackedGraph:
         renderers: List[RenderChat] = []
         for plan in self.plans:
             # With several sources the mixer decides when to stop, so branches are endless.
-            prefix, resume_epoch = prefix_of(ctx.elastic, plan.name)
             node = ShardUnits(plan.units.rows, shard=ctx.shard, num_shards=ctx.num_shards, seed=self.seed,
                               epochs=self.epochs if single else None, first_epoch=first_epoch,
-                              what=f"source {plan.name!r}", prefix=prefix, resume_epoch=resume_epoch)
+                              what=f"source {plan.name!r}", **prefix_of(ctx.elastic, plan.name))
             node = readers[plan.name] = plan.reader(node, seed=self.seed)
             if self.chat is None:
                 branches[plan.name] = Tokenize(node, self.encoder, bos=self.bos, eos=self.eos)

@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Mapping, Optional
 
 from tokenloom.pipes.batch import Batch
 from tokenloom.pipes.chat import RenderChat
-from tokenloom.pipes.elastic import worker_trees
+from tokenloom.pipes.elastic import unpack_slices, worker_trees
 from tokenloom.pipes.fingerprint import fingerprint_summary
 from tokenloom.pipes.mix import Mix
 from tokenloom.pipes.pack_bestfit import BestFitPack
@@ -199,7 +199,8 @@ def show_state(args: argparse.Namespace) -> int:
         lines.append(f"  the next batch comes from worker {nxt}")
     elastic = meta.get("elastic")
     if elastic is not None:
-        left = {w: sum(len(src["prefix"]) for src in plan["sources"].values()) for w, plan in elastic["shards"].items()}
+        left = {w: sum(len(unpack_slices(src["prefix"])) for src in plan["sources"].values())
+                for w, plan in elastic["shards"].items()}
         lines.append(f"  continued from a run of another shape (elastic resume in round {elastic['round']} at step "
                      f"{next(iter(elastic['shards'].values()))['step']}); slices handed over per worker: {left}")
     names = list(config.get("sources") or [])
