@@ -47,7 +47,7 @@ from tokenloom.recipes import pretrain
 from .conftest import synthetic_texts, write_corpus
 from .resume import items_equal, torch_roundtrip
 
-SEQ_LEN = 255
+SEQ_LEN = 256
 ROW = SEQ_LEN + 1
 BATCH = 4
 BOS = 0  # the demo tokenizer's <|bos|>
