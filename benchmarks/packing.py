@@ -37,7 +37,7 @@ import time
 import numpy as np
 
 from tokenloom.pipes import BestFitPack, FlatPack, TokenDoc, load_encoder, pack_core
-from tokenloom.pipes.memory import FromList
+from tokenloom.pipes.sources.memory import FromList
 from tokenloom.sample_data import default_tokenizer_path, stdlib_documents
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -3,19 +3,19 @@
 from .base import Node, StateError
 from .batch import Batch, collate_rows
 from .items import Doc, Row, TokenDoc
-from .jsonl import ReadJsonl, list_jsonl_units
+from .sources.jsonl import ReadJsonl, list_jsonl_units
 from .loader import NodeDataset, ShardContext, TokenLoomLoader
-from .memory import FromList
+from .sources.memory import FromList
 from .mix import Mix
 from .pack_bestfit import BestFitPack
 from .pack_flat import FlatPack
-from .parquet import ReadParquet, UnitTable, list_parquet_units
-from .readers import SourcePlan, plan_source
+from .sources.parquet import ReadParquet, UnitTable, list_parquet_units
+from .sources.readers import SourcePlan, plan_source
 from .schedule import StepClock
 from .shard import EpochPlan, ShardUnits, WorkSlice, plan_epoch, plan_shards
-from .sources import SourceFile, fingerprint_files, resolve_files
+from .sources.files import SourceFile, fingerprint_files, resolve_files
 from .stats import WithStats, format_stats
-from .text_files import LineUnitTable, ReadText, list_text_units
+from .sources.text_files import LineUnitTable, ReadText, list_text_units
 from .tokenize import Tokenize
 from .tokenizer import Encoder, load_encoder
 

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from tokenloom.pipes.check_args import check_int
-from tokenloom.pipes.examples import BatchExamples, ReadList, Take, default_collate
+from tokenloom.pipes.sources.examples import BatchExamples, ReadList, Take, default_collate
 from tokenloom.pipes.loader import ShardContext, TokenLoomLoader
 from tokenloom.pipes.mix import Mix
 from tokenloom.pipes.shard import ShardUnits, check_shardable

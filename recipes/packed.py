@@ -31,10 +31,10 @@ from tokenloom.pipes.pack_bestfit import BestFitPack
 from tokenloom.pipes.pack_flat import FlatPack
 from tokenloom.pipes.pack_stats import PACK_STAT_KEYS
 from tokenloom.pipes.rank_sync import RankSync, gloo_sync_from_dist
-from tokenloom.pipes.readers import SourcePlan, plan_source
+from tokenloom.pipes.sources.readers import SourcePlan, plan_source
 from tokenloom.pipes.schedule import StepClock, Weights, normalize_schedule
 from tokenloom.pipes.shard import ShardUnits, check_shardable
-from tokenloom.pipes.sources import SourceSpec
+from tokenloom.pipes.sources.files import SourceSpec
 from tokenloom.pipes.stats import WithStats
 from tokenloom.pipes.tokenize import Tokenize
 from tokenloom.pipes.tokenizer import Encoder, load_encoder, resolve_special

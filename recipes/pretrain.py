@@ -11,7 +11,7 @@ from typing import Any, Mapping, Optional, Sequence, Union
 from tokenloom.pipes.loader import TokenLoomLoader
 from tokenloom.pipes.rank_sync import RankSync
 from tokenloom.pipes.schedule import Weights
-from tokenloom.pipes.sources import SourceSpec
+from tokenloom.pipes.sources.files import SourceSpec
 
 from .packed import PACKINGS, dist_rank_world, packed_loader, stat_keys  # noqa: F401  (re-exported)
 

@@ -18,7 +18,7 @@ from tokenloom.pipes.chat import ChatTemplate
 from tokenloom.pipes.loader import TokenLoomLoader
 from tokenloom.pipes.rank_sync import RankSync
 from tokenloom.pipes.schedule import Weights
-from tokenloom.pipes.sources import SourceSpec
+from tokenloom.pipes.sources.files import SourceSpec
 
 from .packed import packed_loader
 

@@ -19,10 +19,10 @@ import pytest
 from tokenizers import Tokenizer
 
 from tokenloom.index_cmd import register
-from tokenloom.pipes import fingerprint as fpmod
+from tokenloom.pipes.sources import fingerprint as fpmod
 from tokenloom.pipes import plan_source
-from tokenloom.pipes.fingerprint import check_sources, describe_source_change, source_fingerprint, source_warnings
-from tokenloom.pipes.sources import SourceFile
+from tokenloom.pipes.sources.fingerprint import check_sources, describe_source_change, source_fingerprint, source_warnings
+from tokenloom.pipes.sources.files import SourceFile
 from tokenloom.pipes.tokenizer import load_encoder
 from tokenloom.recipes import pretrain
 from tokenloom.pipes.loader import decode_state

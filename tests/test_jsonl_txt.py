@@ -20,9 +20,9 @@ import pytest
 
 from tokenloom.pipes import (Batch, BestFitPack, ShardContext, ShardUnits, Tokenize, TokenLoomLoader,
                              load_encoder, resolve_files)
-from tokenloom.pipes import text_files
-from tokenloom.pipes.jsonl import ReadJsonl, list_jsonl_units
-from tokenloom.pipes.text_files import ReadText, list_text_units
+from tokenloom.pipes.sources import text_files
+from tokenloom.pipes.sources.jsonl import ReadJsonl, list_jsonl_units
+from tokenloom.pipes.sources.text_files import ReadText, list_text_units
 
 from .conftest import synthetic_texts
 from .resume import check_loader_resume, check_node_resume

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings, strategies as st
 
 from tokenloom.pipes import BestFitPack, FlatPack, TokenDoc, collate_rows
-from tokenloom.pipes.memory import FromList
+from tokenloom.pipes.sources.memory import FromList
 from tokenloom.recipes import pretrain, sft
 
 README = os.path.join(os.path.dirname(os.path.dirname(__file__)), "README.md")

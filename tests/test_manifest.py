@@ -14,7 +14,7 @@ import pytest
 
 from tokenloom.index_cmd import register
 from tokenloom.pipes import plan_source
-from tokenloom.pipes.sources import MANIFEST_NAME
+from tokenloom.pipes.sources.files import MANIFEST_NAME
 from tokenloom.recipes import pretrain
 
 from .conftest import synthetic_texts

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tokenloom.pipes import ShardUnits
-from tokenloom.pipes.examples import BatchExamples, ReadList, Take
+from tokenloom.pipes.sources.examples import BatchExamples, ReadList, Take
 from tokenloom.pipes.mix import Mix
 from tokenloom.recipes import multiplex, print_dataloader_stats
 

@@ -13,7 +13,7 @@ from hypothesis import given, settings, strategies as st
 
 from tokenloom.pipes import BestFitPack, FlatPack, TokenDoc, collate_rows
 from tokenloom.pipes import _packcore_py, pack_core
-from tokenloom.pipes.memory import FromList
+from tokenloom.pipes.sources.memory import FromList
 
 PAD = -1
 lengths_st = st.lists(st.one_of(st.integers(1, 12), st.integers(13, 80)), min_size=1, max_size=60)

@@ -12,8 +12,8 @@ import pytest
 
 from tokenloom.pipes import ShardUnits, load_encoder
 from tokenloom.pipes.chat import ChatError, ChatTemplate, RenderChat
-from tokenloom.pipes.jsonl import ReadJsonl, list_jsonl_units
-from tokenloom.pipes.sources import resolve_files
+from tokenloom.pipes.sources.jsonl import ReadJsonl, list_jsonl_units
+from tokenloom.pipes.sources.files import resolve_files
 from tokenloom.recipes import sft
 
 from .resume import check_loader_resume, check_node_resume

@@ -35,7 +35,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from tokenloom.pipes.chat import LONG_POLICIES
 from tokenloom.pipes.mix import STOPS, STRATEGIES, UNITS
-from tokenloom.pipes.readers import TEXT_MODES
+from tokenloom.pipes.sources.readers import TEXT_MODES
 from tokenloom.recipes.packed import PACKINGS
 
 RECIPES = ("pretrain", "sft")

@@ -3,7 +3,7 @@
 Reads every file's footer once and writes ``_tokenloom_index.json`` in the
 directory the spec resolves under (or ``--out``), so loaders built on that spec
 list their work units from one small file instead of opening every footer (see
-`tokenloom.pipes.manifest`). Re-run it whenever files are added, removed or
+`tokenloom.pipes.sources.manifest`). Re-run it whenever files are added, removed or
 rewritten: a loader refuses an index that does not match the files, naming the
 file that changed.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from typing import Any, Optional
 
-from tokenloom.pipes.manifest import write_manifest
+from tokenloom.pipes.sources.manifest import write_manifest
 
 
 def run_index(args: argparse.Namespace) -> int:

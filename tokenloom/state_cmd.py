@@ -24,15 +24,15 @@ from typing import Any, Dict, List, Mapping, Optional
 from tokenloom.pipes.batch import Batch
 from tokenloom.pipes.chat import RenderChat
 from tokenloom.pipes.elastic import unpack_slices, worker_trees
-from tokenloom.pipes.fingerprint import fingerprint_summary
+from tokenloom.pipes.sources.fingerprint import fingerprint_summary
 from tokenloom.pipes.mix import Mix
 from tokenloom.pipes.pack_bestfit import BestFitPack
 from tokenloom.pipes.pack_flat import FlatPack
-from tokenloom.pipes.parquet import ReadParquet
+from tokenloom.pipes.sources.parquet import ReadParquet
 from tokenloom.pipes.schedule import normalize_schedule
 from tokenloom.pipes.shard import ShardUnits
 from tokenloom.pipes.stats import format_stats
-from tokenloom.pipes.text_files import ReadText
+from tokenloom.pipes.sources.text_files import ReadText
 from tokenloom.pipes.tokenize import Tokenize
 from tokenloom.recipes.packed import PackedStatsView, stat_keys
 

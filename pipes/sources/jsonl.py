@@ -41,10 +41,10 @@ import json
 import logging
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
-from .base import Node
-from .items import Doc
-from .shard import ShardUnits, WorkSlice
-from .sources import SourceFile
+from ..base import Node
+from ..items import Doc
+from ..shard import ShardUnits, WorkSlice
+from .files import SourceFile
 from .text_files import MAX_UNIT_BYTES, LineUnitTable, UnitBytes, UnitCursor, list_line_units
 
 log = logging.getLogger(__name__)

@@ -21,9 +21,9 @@ from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Seq
 import numpy as np
 import torch
 
-from .base import Node
-from .loader import DROP_KEY
-from .shard import ROW_ORDER_TAG, ShardUnits, WorkSlice, rng_for
+from ..base import Node
+from ..loader import DROP_KEY
+from ..shard import ROW_ORDER_TAG, ShardUnits, WorkSlice, rng_for
 
 
 class Example(NamedTuple):

@@ -48,10 +48,10 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .base import Node
-from .items import Doc
-from .shard import ROW_ORDER_TAG, ShardUnits, WorkSlice, rng_for, unread_after
-from .sources import SourceFile
+from ..base import Node
+from ..items import Doc
+from ..shard import ROW_ORDER_TAG, ShardUnits, WorkSlice, rng_for, unread_after
+from .files import SourceFile
 
 #: Bytes read per step while listing; a line longer than this is joined across steps.
 CHUNK_BYTES = 8 << 20

@@ -42,7 +42,7 @@ from typing import Any, Dict, List, Mapping, Sequence, Tuple
 
 import numpy as np
 
-from .sources import SourceFile
+from .files import SourceFile
 
 #: Bytes of a file's name kept in a sketch element (its end: the most specific part).
 NAME_BYTES = 48

@@ -26,14 +26,14 @@ import os
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Union
 
-from .base import Node
-from .items import Doc
+from ..base import Node
+from ..items import Doc
 from .jsonl import ReadJsonl, list_jsonl_units
 from .manifest import list_units
 from .parquet import LIST, TEXT, ReadParquet
-from .shard import ShardUnits
+from ..shard import ShardUnits
 from .fingerprint import source_fingerprint
-from .sources import FORMAT_SUFFIXES, SourceFile, SourceSpec, resolve_files
+from .files import FORMAT_SUFFIXES, SourceFile, SourceSpec, resolve_files
 from .text_files import ReadText, list_text_units
 
 TEXT_MODES = ("file", "paragraphs")

@@ -44,7 +44,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import pyarrow.fs as pafs
 
 from .parquet import TEXT, Footer, UnitTable, check_column, read_footer, units_from_footers
-from .sources import FORMAT_SUFFIXES, MANIFEST_NAME, SourceFile, _redact, resolve_files
+from .files import FORMAT_SUFFIXES, MANIFEST_NAME, SourceFile, _redact, resolve_files
 
 FORMAT = "tokenloom.index"
 VERSION = 2  # 2: the footer hash of every file

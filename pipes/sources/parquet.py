@@ -44,11 +44,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .base import Node
+from ..base import Node
 from .fingerprint import content_key
-from .items import Doc
-from .shard import ROW_ORDER_TAG, ShardUnits, WorkSlice, rng_for, unread_after
-from .sources import FileChangedError, SourceFile
+from ..items import Doc
+from ..shard import ROW_ORDER_TAG, ShardUnits, WorkSlice, rng_for, unread_after
+from .files import FileChangedError, SourceFile
 
 log = logging.getLogger(__name__)
 

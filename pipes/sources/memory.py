@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional, Sequence
 
-from .base import Node
+from ..base import Node
 
 
 class FromList(Node[Any]):
