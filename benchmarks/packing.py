@@ -36,7 +36,8 @@ import time
 
 import numpy as np
 
-from tokenloom.pipes import BestFitPack, FlatPack, TokenDoc, load_encoder, pack_core
+from tokenloom.pipes import BestFitPack, FlatPack, TokenDoc, load_encoder
+from tokenloom.pipes.pack import core as pack_core
 from tokenloom.pipes.sources.memory import FromList
 from tokenloom.sample_data import default_tokenizer_path, stdlib_documents
 
@@ -228,7 +229,7 @@ def main() -> None:
     # Speed on prose-sized documents (one placement per document, the hardest case for
     # per-document overhead): the whole packer node, and the time inside the core alone.
     short = stream(lengths[lengths < 200], 20_000 if args.quick else 100_000, seed=1)
-    from tokenloom.pipes import _packcore_py
+    from tokenloom.pipes.pack import _packcore_py
 
     speed = {}
     for name, core in (("c", pack_core._core), ("python", _packcore_py)):

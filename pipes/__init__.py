@@ -7,8 +7,8 @@ from .sources.jsonl import ReadJsonl, list_jsonl_units
 from .loader import NodeDataset, ShardContext, TokenLoomLoader
 from .sources.memory import FromList
 from .mix import Mix
-from .pack_bestfit import BestFitPack
-from .pack_flat import FlatPack
+from .pack.bestfit import BestFitPack
+from .pack.flat import FlatPack
 from .sources.parquet import ReadParquet, UnitTable, list_parquet_units
 from .sources.readers import SourcePlan, plan_source
 from .schedule import StepClock

@@ -6,7 +6,7 @@ import pytest
 
 from tokenloom.pipes import (Batch, BestFitPack, FlatPack, ReadParquet, ShardUnits, Tokenize, list_parquet_units,
                              load_encoder, resolve_files)
-from tokenloom.pipes.pack_stats import PACK_STAT_KEYS
+from tokenloom.pipes.pack.stats import PACK_STAT_KEYS
 from tokenloom.pipes.stats import WithStats
 
 from .resume import check_node_resume

@@ -12,7 +12,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from tokenloom.pipes import BestFitPack, FlatPack, TokenDoc, collate_rows
-from tokenloom.pipes import _packcore_py, pack_core
+from tokenloom.pipes.pack import _packcore_py
+from tokenloom.pipes.pack import core as pack_core
 from tokenloom.pipes.sources.memory import FromList
 
 PAD = -1

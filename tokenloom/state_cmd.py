@@ -26,8 +26,8 @@ from tokenloom.pipes.chat import RenderChat
 from tokenloom.pipes.elastic import unpack_slices, worker_trees
 from tokenloom.pipes.sources.fingerprint import fingerprint_summary
 from tokenloom.pipes.mix import Mix
-from tokenloom.pipes.pack_bestfit import BestFitPack
-from tokenloom.pipes.pack_flat import FlatPack
+from tokenloom.pipes.pack.bestfit import BestFitPack
+from tokenloom.pipes.pack.flat import FlatPack
 from tokenloom.pipes.sources.parquet import ReadParquet
 from tokenloom.pipes.schedule import normalize_schedule
 from tokenloom.pipes.shard import ShardUnits

@@ -48,10 +48,10 @@ from typing import Any, Deque, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from .base import Node, StateError
-from .items import Row, TokenDoc
-from .pack_core import Slots
-from .pack_stats import load_stats, new_stats
+from ..base import Node, StateError
+from ..items import Row, TokenDoc
+from .core import Slots
+from .stats import load_stats, new_stats
 
 
 class BestFitPack(Node[Row]):

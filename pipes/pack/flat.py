@@ -13,9 +13,9 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from .base import Node
-from .items import Row, TokenDoc
-from .pack_stats import load_stats, new_stats
+from ..base import Node
+from ..items import Row, TokenDoc
+from .stats import load_stats, new_stats
 
 
 class FlatPack(Node[Row]):
