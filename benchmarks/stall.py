@@ -36,7 +36,7 @@ waiting):
 - ``matmul`` steps keep one core busy (single-threaded CPU matmuls), like a
   host-heavy step; on a 2-core machine they compete with the loader workers.
 
-Also (2 workers, sleep steps) through `tokenloom.pipes.prefetch.DevicePrefetcher`,
+Also (2 workers, sleep steps) through `tokenloom.pipes.loader.prefetch.DevicePrefetcher`,
 whose background thread receives batches from the workers while the step runs
 (on a machine without CUDA it makes no copies: this measures the thread and its
 bookkeeping), with ``--depth`` batches ready (default 2 and 4), and with 1
@@ -64,7 +64,7 @@ import time
 
 import torch
 
-from tokenloom.pipes.prefetch import DevicePrefetcher
+from tokenloom.pipes.loader.prefetch import DevicePrefetcher
 from tokenloom.recipes import pretrain
 from tokenloom.sample_data import build_demo_corpus, default_tokenizer_path
 

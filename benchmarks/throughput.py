@@ -264,7 +264,7 @@ def _time_window(loader, warmup: int, n: int, tokens=None, tokenized=None) -> di
 
 
 def _tokenizer_threads_on(worker_id: int) -> None:
-    os.environ["TOKENIZERS_PARALLELISM"] = "true"  # undo the worker's default (pipes/worker_threads.py)
+    os.environ["TOKENIZERS_PARALLELISM"] = "true"  # undo the worker's default (pipes/loader/worker_threads.py)
 
 
 def task_pretrain(workers: int, warmup: int, n: int, prefetch: int = 0, tok_threads: bool = False) -> dict:
@@ -808,7 +808,7 @@ def results_markdown(out: dict, command: str) -> str:
         "machine can tell apart, which is why the end-to-end figure swings around it.",
         "",
         "Per-batch transfer from 2 workers (a worker only copies a ready batch; the main process receives it). "
-        "tokenloom's workers send numpy (`pipes/wire.py`):",
+        "tokenloom's workers send numpy (`pipes/loader/wire.py`):",
         "",
         "| batch | bytes | dict of tensors (shared memory, one fd per tensor) | same arrays as numpy (pickled) |",
         "|---|---|---|---|",

@@ -4,7 +4,7 @@ from .base import Node, StateError
 from .batch import Batch, collate_rows
 from .items import Doc, Row, TokenDoc
 from .sources.jsonl import ReadJsonl, list_jsonl_units
-from .loader import NodeDataset, ShardContext, TokenLoomLoader
+from .loader.bridge import NodeDataset, ShardContext, TokenLoomLoader
 from .sources.memory import FromList
 from .mix import Mix
 from .pack.bestfit import BestFitPack

@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict, Optional, Sequence
 import torch
 
 from .base import Node
-from .loader import STATS_KEY
+from .loader.bridge import STATS_KEY
 
 
 class WithStats(Node[Dict[str, Any]]):

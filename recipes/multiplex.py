@@ -41,7 +41,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from tokenloom.pipes.check_args import check_int
 from tokenloom.pipes.sources.examples import BatchExamples, ReadList, Take, default_collate
-from tokenloom.pipes.loader import ShardContext, TokenLoomLoader
+from tokenloom.pipes.loader.bridge import ShardContext, TokenLoomLoader
 from tokenloom.pipes.mix import Mix
 from tokenloom.pipes.shard import ShardUnits, check_shardable
 from tokenloom.pipes.stats import WithStats

@@ -24,13 +24,13 @@ import torch
 from tokenloom.pipes.batch import IGNORE_INDEX, Batch, collate_rows
 from tokenloom.pipes.chat import ChatTemplate, RenderChat
 from tokenloom.pipes.check_args import check_int
-from tokenloom.pipes.elastic import STEP, prefix_of
-from tokenloom.pipes.loader import ShardContext, TokenLoomLoader
+from tokenloom.pipes.loader.elastic import STEP, prefix_of
+from tokenloom.pipes.loader.bridge import ShardContext, TokenLoomLoader
 from tokenloom.pipes.mix import STOPS, STRATEGIES, UNITS, Mix
 from tokenloom.pipes.pack.bestfit import BestFitPack
 from tokenloom.pipes.pack.flat import FlatPack
 from tokenloom.pipes.pack.stats import PACK_STAT_KEYS
-from tokenloom.pipes.rank_sync import RankSync, gloo_sync_from_dist
+from tokenloom.pipes.loader.rank_sync import RankSync, gloo_sync_from_dist
 from tokenloom.pipes.sources.readers import SourcePlan, plan_source
 from tokenloom.pipes.schedule import StepClock, Weights, normalize_schedule
 from tokenloom.pipes.shard import ShardUnits, check_shardable

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional, Sequence, Union
 
-from tokenloom.pipes.loader import TokenLoomLoader
-from tokenloom.pipes.rank_sync import RankSync
+from tokenloom.pipes.loader.bridge import TokenLoomLoader
+from tokenloom.pipes.loader.rank_sync import RankSync
 from tokenloom.pipes.schedule import Weights
 from tokenloom.pipes.sources.files import SourceSpec
 

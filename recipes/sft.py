@@ -15,8 +15,8 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 from tokenloom.pipes.chat import ChatTemplate
-from tokenloom.pipes.loader import TokenLoomLoader
-from tokenloom.pipes.rank_sync import RankSync
+from tokenloom.pipes.loader.bridge import TokenLoomLoader
+from tokenloom.pipes.loader.rank_sync import RankSync
 from tokenloom.pipes.schedule import Weights
 from tokenloom.pipes.sources.files import SourceSpec
 

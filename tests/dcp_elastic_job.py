@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-from tokenloom.pipes.checkpoint import read_loader_states
+from tokenloom.pipes.loader.checkpoint import read_loader_states
 from tokenloom.recipes import pretrain
 
 

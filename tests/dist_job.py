@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-from tokenloom.pipes.rank_sync import TorchDistSync
+from tokenloom.pipes.loader.rank_sync import TorchDistSync
 from tokenloom.recipes import pretrain
 
 

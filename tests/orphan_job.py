@@ -45,7 +45,7 @@ def stall(glob, tokenizer, context=None):
 
 
 def thread(glob, tokenizer):
-    from tokenloom.pipes.prefetch import DevicePrefetcher
+    from tokenloom.pipes.loader.prefetch import DevicePrefetcher
 
     prefetcher = DevicePrefetcher(build(glob, tokenizer, persistent=True), device="cpu")
     made = []
@@ -69,7 +69,7 @@ def thread(glob, tokenizer):
 
 
 def _late_child(parent):
-    from tokenloom.pipes.worker_parent import exit_with_parent
+    from tokenloom.pipes.loader.worker_parent import exit_with_parent
 
     while os.getppid() == parent:
         time.sleep(0.01)

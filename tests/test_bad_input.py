@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tokenloom.recipes import pretrain
-from tokenloom.pipes.loader import decode_state
+from tokenloom.pipes.loader.bridge import decode_state
 
 
 def test_missing_file_names_it(tmp_path, tok_path):

@@ -19,7 +19,7 @@ import torch
 from tokenloom.cli import main
 from tokenloom.cli_config import SETTINGS
 from tokenloom.inspect_cmd import render_row
-from tokenloom.pipes.loader import STATE_VERSION
+from tokenloom.pipes.loader.bridge import STATE_VERSION
 from tokenloom.recipes import pretrain, sft
 
 from .conftest import synthetic_texts, write_corpus

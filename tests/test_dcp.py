@@ -19,8 +19,8 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata
 
-from tokenloom.pipes.checkpoint import DCPLoaderState, read_loader_states, state_from_tensor, state_to_tensor
-from tokenloom.pipes.loader import KEY_PREFIX, decode_state
+from tokenloom.pipes.loader.checkpoint import DCPLoaderState, read_loader_states, state_from_tensor, state_to_tensor
+from tokenloom.pipes.loader.bridge import KEY_PREFIX, decode_state
 from tokenloom.recipes import pretrain
 
 from .resume import assert_plain, items_equal

@@ -41,7 +41,7 @@ import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from tokenloom.pipes import load_encoder
-from tokenloom.pipes.rank_sync import ThreadSync
+from tokenloom.pipes.loader.rank_sync import ThreadSync
 from tokenloom.recipes import pretrain
 
 from .conftest import synthetic_texts, write_corpus

@@ -25,7 +25,7 @@ from tokenloom.pipes.sources.fingerprint import check_sources, describe_source_c
 from tokenloom.pipes.sources.files import SourceFile
 from tokenloom.pipes.tokenizer import load_encoder
 from tokenloom.recipes import pretrain
-from tokenloom.pipes.loader import decode_state
+from tokenloom.pipes.loader.bridge import decode_state
 
 from .conftest import synthetic_texts
 

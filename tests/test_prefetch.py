@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tokenloom.pipes.prefetch import DevicePrefetcher
+from tokenloom.pipes.loader.prefetch import DevicePrefetcher
 from tokenloom.recipes import pretrain
 
 from .resume import check_loader_resume, items_equal

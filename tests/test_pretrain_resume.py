@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tokenloom.recipes import pretrain
-from tokenloom.pipes.loader import decode_state
+from tokenloom.pipes.loader.bridge import decode_state
 
 from .resume import check_loader_resume, items_equal
 

@@ -17,7 +17,7 @@ import pytest
 
 from tokenloom.cli import main
 from tokenloom.pipes import plan_epoch
-from tokenloom.pipes.rank_sync import ThreadSync
+from tokenloom.pipes.loader.rank_sync import ThreadSync
 from tokenloom.recipes import pretrain
 from tokenloom.recipes.packed import PackedStatsView
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from tokenloom.pipes import load_encoder, plan_epoch
-from tokenloom.pipes.rank_sync import ThreadSync
+from tokenloom.pipes.loader.rank_sync import ThreadSync
 from tokenloom.recipes import pretrain
 
 

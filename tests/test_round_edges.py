@@ -12,7 +12,7 @@ import threading
 
 import pytest
 
-from tokenloom.pipes.rank_sync import ThreadSync
+from tokenloom.pipes.loader.rank_sync import ThreadSync
 from tokenloom.recipes import multiplex, pretrain
 
 from .resume import items_equal, torch_roundtrip

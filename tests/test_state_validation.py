@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tokenloom.recipes import pretrain
-from tokenloom.pipes.loader import decode_state
+from tokenloom.pipes.loader.bridge import decode_state
 
 from .conftest import synthetic_texts, write_corpus
 from .resume import torch_roundtrip

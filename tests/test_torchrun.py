@@ -32,8 +32,8 @@ from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata
 
 from tokenloom.pipes import load_encoder
-from tokenloom.pipes.checkpoint import read_loader_states
-from tokenloom.pipes.loader import KEY_PREFIX, decode_state
+from tokenloom.pipes.loader.checkpoint import read_loader_states
+from tokenloom.pipes.loader.bridge import KEY_PREFIX, decode_state
 from tokenloom.recipes import pretrain
 
 from .conftest import synthetic_texts, write_corpus

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from tokenloom.pipes.wakeup import quiet_wakeup
+from tokenloom.pipes.loader.wakeup import quiet_wakeup
 
 linux_only = pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="scheduling policies are Linux's")
 

@@ -1,4 +1,4 @@
-"""Batches cross from a worker to the main process as numpy (pipes/wire.py) and come back bitwise."""
+"""Batches cross from a worker to the main process as numpy (pipes/loader/wire.py) and come back bitwise."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from tokenloom.pipes.wire import WireBatch, unwrap
+from tokenloom.pipes.loader.wire import WireBatch, unwrap
 from tokenloom.recipes import pretrain
 
 from .resume import items_equal

@@ -44,7 +44,7 @@ def test_workers_tokenize_on_one_thread_and_the_user_can_say_otherwise(corpus, t
 
 @pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc only")
 def test_malloc_settings_apply_on_glibc():
-    code = "from tokenloom.pipes.worker_memory import settle_worker_malloc; print(settle_worker_malloc())"
+    code = "from tokenloom.pipes.loader.worker_memory import settle_worker_malloc; print(settle_worker_malloc())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "True"
 

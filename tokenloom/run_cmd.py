@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from typing import Any, Dict, List
 
-from tokenloom.pipes.loader import decode_state
+from tokenloom.pipes.loader.bridge import decode_state
 
 from .cli_config import add_loader_arguments, build_loader, describe, merged_settings, steps_to_take
 from .progress import Progress

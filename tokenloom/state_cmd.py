@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Mapping, Optional
 
 from tokenloom.pipes.batch import Batch
 from tokenloom.pipes.chat import RenderChat
-from tokenloom.pipes.elastic import unpack_slices, worker_trees
+from tokenloom.pipes.loader.elastic import unpack_slices, worker_trees
 from tokenloom.pipes.sources.fingerprint import fingerprint_summary
 from tokenloom.pipes.mix import Mix
 from tokenloom.pipes.pack.bestfit import BestFitPack

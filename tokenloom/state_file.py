@@ -17,7 +17,7 @@ from typing import Any, Dict
 
 import torch
 
-from tokenloom.pipes.loader import KEY_PREFIX, decode_state
+from tokenloom.pipes.loader.bridge import KEY_PREFIX, decode_state
 
 
 def load_state(path: str, flag: str) -> Dict[str, Any]:

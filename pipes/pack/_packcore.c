@@ -1,4 +1,4 @@
-/* The placement core of tokenloom's best-fit packers (see pipes/pack_core.py for the spec;
+/* The placement core of tokenloom's best-fit packers (see pipes/pack/core.py for the spec;
  * pipes/_packcore_py.py is the same algorithm in Python and the tests check they agree).
  *
  * Buffered documents live in slots. A slot's "next segment" is min(remaining, C) tokens.
@@ -189,7 +189,7 @@ static PyObject *py_insert_many(PyObject *self, PyObject *args) {
 
 enum { MODE_BESTFIT = 0, MODE_CROP = 1 };
 
-/* Continue one row from (pos, nseg, nfreed); see pack_core.py for the rules.
+/* Continue one row from (pos, nseg, nfreed); see core.py for the rules.
  * The caller tops the buffer up before each call. When nothing fits and this call freed a
  * slot (so the buffer is no longer full) while upstream has not ended, it stops ("stuck")
  * so the caller can top up and call again: gaps are cut only from a full buffer.

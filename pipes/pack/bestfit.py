@@ -2,7 +2,7 @@
 
 Per row of ``C = seq_len + 1`` tokens the buffer is topped up to
 ``buffer_size`` documents, then segments are placed by the rules in
-`pack_core`: a document with at least ``2C`` tokens left gives a full row
+`core`: a document with at least ``2C`` tokens left gives a full row
 (``bestfit``); overdue documents start the row; then the largest that fits,
 ties to the oldest; gaps filled from a document longer than a row in
 ``bestfit``, or by cropping the smallest non-fitting document in ``crop``.

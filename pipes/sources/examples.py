@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from ..base import Node
-from ..loader import DROP_KEY
+from ..loader.bridge import DROP_KEY
 from ..shard import ROW_ORDER_TAG, ShardUnits, WorkSlice, rng_for
 
 

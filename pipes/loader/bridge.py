@@ -39,9 +39,9 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from .base import StateError
+from ..base import StateError
 from .elastic import CARRY, OldShard, apply_carry, plan_shards, trimmed, worker_trees
-from .sources.fingerprint import check_sources
+from ..sources.fingerprint import check_sources
 from .wire import WireBatch, unwrap
 from .worker_memory import settle_worker_malloc
 from .worker_threads import single_thread_tokenizers

@@ -49,7 +49,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .shard import ShardUnits, WorkSlice
+from ..shard import ShardUnits, WorkSlice
 
 #: Plan keys (plain data in the loader state).
 ROUND, STEP, SOURCES, CARRY = "round", "step", "sources", "carry"

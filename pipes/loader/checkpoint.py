@@ -3,7 +3,7 @@
 The loader itself is the DCP ``Stateful``: ``dcp.save({"model": ..., "dataloader": loader})``
 and ``dcp.load(...)`` with the same dict restore each rank exactly. That works because
 ``loader.state_dict()`` is ``{"tokenloom_rank_<data rank>": <JSON text with a digest>}``
-(pipes/loader.py, `encode_state`): one ``str`` leaf per data rank. DCP keeps one copy of
+(pipes/loader/bridge.py, `encode_state`): one ``str`` leaf per data rank. DCP keeps one copy of
 an entry whose key is the same on several ranks (it takes it for a replicated value), so
 a key per rank is what keeps the ranks' positions apart (ranks that share a data rank,
 tensor parallel, share the key and the value, which is what de-duplication is for); and
@@ -53,7 +53,7 @@ from typing import Any, Dict, List, Optional, Union
 
 import torch
 
-from .loader import KEY_PREFIX, TokenLoomLoader, decode_state
+from .bridge import KEY_PREFIX, TokenLoomLoader, decode_state
 
 
 def _reader(checkpoint: Any):
