@@ -105,7 +105,10 @@ def test_sigkill_at_random_batches_resumes_exactly(preempt_corpus, tok_path, tmp
         assert start == len(kept), f"launch {attempt} resumes at step {start}, but {len(kept)} batches were kept"
         # kill once step kill_at[attempt] is printed; the job runs on a little until the signal lands
         kill_after = kill_at[attempt] - start if attempt < KILLS else None
-        assert kill_after is None or kill_after >= 1, (kill_at, start)
+        if kill_after is not None and kill_after < SAVE_EVERY + 2:
+            # The last launch ran on past this kill point before its signal landed (a loaded
+            # machine reads the job's output late): kill this one a little after its next save.
+            kill_after = rng.randint(SAVE_EVERY + 2, 2 * SAVE_EVERY + 2)
         log = tmp_path / f"log{attempt}.txt"
         printed, killed = _launch(glob, tok_path, state, log, kill_after)
         logged = _read_log(log)
