@@ -34,6 +34,9 @@ class Encoder:
         self._payload = payload
         self.fingerprint = fingerprint
         self._tok: Any = tiktoken_obj
+        # What encodes: a byte-level BPE tokenizer.json runs on tiktoken where its ids are the same (tiktoken_bpe).
+        self.engine = "tiktoken" if kind == "tiktoken" else "tokenizers"
+        self.engine_note = "a tiktoken.Encoding" if kind == "tiktoken" else ""
 
     # --- pickling: ship the serialized tokenizer, rebuild lazily --------------
     def __getstate__(self):
@@ -55,6 +58,10 @@ class Encoder:
 
     # --- the interface ---------------------------------------------------------
     def encode_batch(self, texts: Sequence[str]) -> List[np.ndarray]:
+        if self.engine == "tiktoken" and self.kind == "hf":  # a worker rebuilds the Encoding from the payload, once
+            from . import tiktoken_bpe
+
+            return tiktoken_bpe.encode_batch(tiktoken_bpe.encoding(self._payload), texts)
         if self.kind == "hf":
             encs = self.tok.encode_batch_fast(list(texts), add_special_tokens=False)
             return [np.asarray(e.ids, dtype=np.int32) for e in encs]
@@ -115,6 +122,16 @@ def _as_data_tokenizer(tok: Any) -> Any:
     return tok
 
 
+def _pick_engine(enc: Encoder) -> Encoder:
+    """tiktoken for a byte-level BPE tokenizer.json where it gives the same ids, else tokenizers;
+    `Encoder.engine_note` says why (shown in the run summary)."""
+    from . import tiktoken_bpe
+
+    fast, enc.engine_note = tiktoken_bpe.choose(enc._payload, enc.tok)
+    enc.engine = "tokenizers" if fast is None else "tiktoken"
+    return enc
+
+
 def _hash(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
@@ -140,7 +157,7 @@ def load_encoder(tokenizer: Any) -> Encoder:
         canonical = tok.to_str()  # the special-token switch is not serialized
         enc = Encoder("hf", canonical, _hash(canonical))
         enc._tok = tok
-        return enc
+        return _pick_engine(enc)
     try:
         from tokenizers import Tokenizer
     except ImportError:  # pragma: no cover - tokenizers is a dependency
@@ -149,7 +166,7 @@ def load_encoder(tokenizer: Any) -> Encoder:
         # Re-read, so the payload is in canonical form whatever the object went through; the worker's
         # copy is built from it, so switching special-token handling never changes the caller's object.
         payload = Tokenizer.from_str(tokenizer.to_str()).to_str()
-        return Encoder("hf", payload, _hash(payload))
+        return _pick_engine(Encoder("hf", payload, _hash(payload)))
     if type(tokenizer).__module__.startswith("tiktoken") and hasattr(tokenizer, "encode_ordinary_batch"):
         name = getattr(tokenizer, "name", "tiktoken")
         return Encoder("tiktoken", name, _hash(f"tiktoken:{name}:{tokenizer.n_vocab}"), tiktoken_obj=tokenizer)
