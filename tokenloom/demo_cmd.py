@@ -22,7 +22,7 @@ import torch
 
 from .cli_config import describe
 from .progress import Progress
-from .summary import Trace, batch_digest, state_bytes, summary_lines, take
+from .summary import Trace, batch_digest, encoder_of, state_bytes, summary_lines, take
 
 WEIGHTS = {"code": 0.7, "prose": 0.3}
 
@@ -80,7 +80,7 @@ def demo(args: argparse.Namespace) -> int:
         take(iter(resumed), n - half, check, progress, on_batch=lambda i, b: again.append(batch_digest(b)))
 
     size = state_bytes(state)
-    lines = summary_lines(trace, stats, size)
+    lines = summary_lines(trace, stats, size, encoder=encoder_of(resumed))
     exact = again == after
     if exact:
         verdict = f"EXACT: the {len(again)} batches after the checkpoint are bitwise identical"

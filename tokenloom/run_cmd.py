@@ -18,7 +18,7 @@ from tokenloom.pipes.loader.bridge import decode_state
 from .cli_config import add_loader_arguments, build_loader, describe, merged_settings, steps_to_take
 from .progress import Progress
 from .state_file import load_state, save
-from .summary import Trace, state_bytes, summary_lines, take
+from .summary import Trace, encoder_of, state_bytes, summary_lines, take
 
 
 def register(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
         save(args.save_state, final)
     if args.dump_batches:
         save(args.dump_batches, dumped)
-    print("\n".join(summary_lines(trace, stats, size)))
+    print("\n".join(summary_lines(trace, stats, size, encoder=encoder_of(loader))))
     if args.save_state:
         print(f"  {'saved state':<15}{args.save_state}")
     if args.dump_batches:

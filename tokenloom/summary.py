@@ -122,14 +122,22 @@ def packing_lines(stats: Dict[str, Any]) -> List[str]:
     return lines + [_row("documents", text)]
 
 
-def summary_lines(trace: Trace, stats: Dict[str, Any], state_size: Optional[int] = None) -> List[str]:
-    """The end-of-run summary: batches and time, target tokens/s, packing waste, the
-    per-source share against its target, and the loader state's size."""
+def encoder_of(loader: Any) -> Any:
+    """The `Encoder` a pretrain or sft loader tokenizes with; None for multiplex."""
+    return getattr(getattr(getattr(loader, "dataset", None), "factory", None), "encoder", None)
+
+
+def summary_lines(trace: Trace, stats: Dict[str, Any], state_size: Optional[int] = None,
+                  encoder: Any = None) -> List[str]:
+    """The end-of-run summary: batches and time, target tokens/s, which engine tokenized
+    (and why), packing waste, the per-source share against its target, and the loader state's size."""
     lines = ["summary"]
     first = f", first after {trace.seconds[0]:.1f}s" if trace.seconds else ""
     lines.append(_row("batches", f"{trace.batches} in {trace.elapsed:.1f}s{first}"))
     lines.append(_row("throughput", f"{trace.rate() / 1e3:.1f}k target tokens/s "
                                     f"({trace.target_tokens:,} tokens with a label)"))
+    if encoder is not None:
+        lines.append(_row("tokenizer", f"encoded by {encoder.engine} ({encoder.engine_note})"))
     if state_size is not None:
         lines.append(_row("loader state", f"{state_size / 1024:.1f} KiB (torch.save), plain data"))
     lines += packing_lines(stats)
