@@ -248,6 +248,17 @@ class ReadParquet(Node[Doc]):
             self._open.move_to_end(i)
         return pf
 
+    def _read_unit(self, u: int) -> pa.Table:
+        """Unit ``u``'s column as a one-column table (a reader of another container overrides it)."""
+        return self._file(int(self.units.file[u])).read_row_group(int(self.units.row_group[u]), columns=[self.column])
+
+    def _read_error(self, u: int, e: Exception) -> Exception:
+        """The error for unit ``u`` failing to read with ``e``: where, why, and what to do."""
+        hint = ("the file is gone (deleted or moved after the loader was built)" if isinstance(e, FileNotFoundError)
+                else "the row group is corrupt, or the file changed after the loader was built")
+        return RuntimeError(f"cannot read {self.units.where(u)}: {e}. {hint}; check it with pyarrow.parquet."
+                            "ParquetFile(path).read_row_group(n), rewrite or remove it, and rebuild the loader")
+
     def _load(self, s: WorkSlice) -> None:
         u = s.unit
         try:
@@ -255,17 +266,12 @@ class ReadParquet(Node[Doc]):
                 # An elastic resume's prefix lists documents one by one, sorted by unit.
                 table = self._last_table[1]
             else:
-                table = self._file(int(self.units.file[u])).read_row_group(int(self.units.row_group[u]),
-                                                                             columns=[self.column])
+                table = self._read_unit(u)
                 self._last_table = (u, table)
         except FileChangedError:
             raise
         except Exception as e:
-            hint = ("the file is gone (deleted or moved after the loader was built)" if isinstance(e, FileNotFoundError)
-                    else "the row group is corrupt, or the file changed after the loader was built")
-            raise RuntimeError(f"cannot read {self.units.where(u)}: {e}. {hint}; check it with pyarrow.parquet."
-                               "ParquetFile(path).read_row_group(n), rewrite or remove it, and rebuild the "
-                               "loader") from e
+            raise self._read_error(u, e) from e
         n = int(self.units.rows[u])
         if table.num_rows != n:
             raise RuntimeError(f"{self.units.where(u)} has {table.num_rows} rows, its footer said {n}; "
