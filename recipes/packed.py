@@ -35,6 +35,7 @@ from tokenloom.pipes.sources.readers import SourcePlan, plan_source
 from tokenloom.pipes.schedule import StepClock, Weights, normalize_schedule
 from tokenloom.pipes.shard import ShardUnits, check_shardable
 from tokenloom.pipes.sources.files import SourceSpec
+from tokenloom.pipes.sources.hf_datasets import is_dataset_dict
 from tokenloom.pipes.stats import WithStats
 from tokenloom.pipes.tokenize import Tokenize
 from tokenloom.pipes.tokenizer import Encoder, load_encoder, resolve_special
@@ -371,7 +372,8 @@ def packed_loader(
         raise ValueError(f"{stop=} needs epochs=n (how many passes make a source exhausted)")
     rank, world_size = dist_rank_world(rank, world_size)
 
-    named = dict(sources) if isinstance(sources, Mapping) else {"default": sources}
+    # a DatasetDict is a Mapping of splits, not of sources: one source, refused naming its splits
+    named = dict(sources) if isinstance(sources, Mapping) and not is_dataset_dict(sources) else {"default": sources}
     if not named:
         raise ValueError("sources is empty: give a path, glob, directory or URI, or {name: spec}")
     if weights is not None and len(named) == 1 and not isinstance(sources, Mapping):

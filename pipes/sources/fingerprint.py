@@ -7,6 +7,8 @@ a hash of the footer bytes, which listing reads anyway (row counts, column-chunk
 offsets and compressed sizes, min/max statistics), so it costs nothing extra.
 jsonl and text files have no footer: their key is empty and their modification
 times are recorded apart, as a warning only (copies and rsync change them).
+A Hugging Face dataset's Arrow files carry a key from their record batches
+(hf_datasets.py) and no modification times.
 
 The fingerprint is a small dict of plain values:
 
@@ -265,7 +267,8 @@ def describe_source_change(name: str, saved: Any, current: Any) -> str:
         elif before[n][0] != after[n][0]:
             items.append(f"{n} resized ({before[n][0]:,} -> {after[n][0]:,} bytes)")
         else:
-            items.append(f"{n} rewritten (same size, {after[n][0]:,} bytes, another parquet footer)")
+            changed = "another parquet footer" if current[K_FORMAT] == "parquet" else "other rows or record batches"
+            items.append(f"{n} rewritten (same size, {after[n][0]:,} bytes, {changed})")
     counts = f"{saved[K_FILES]:,} files then, {current[K_FILES]:,} now"
     if not items:
         what = f"more files changed than the state can name ({counts})"

@@ -11,7 +11,8 @@ its files; empty files among others contribute nothing.
 
 The format comes from the file endings (``.parquet``, ``.jsonl``/``.json``/``.ndjson``,
 ``.txt``/``.md``/``.text``); a directory is searched for each format and must
-hold exactly one kind, or ``fmt=`` must say which.
+hold exactly one kind, or ``fmt=`` must say which. A Hugging Face dataset (a
+``datasets.Dataset`` or a ``save_to_disk`` folder) is format ``hf`` (hf_datasets.py).
 
 A missing or wrongly typed column is reported by the listing (parquet footers,
 the first jsonl record) in the words of the pipes (``field=``, ``text_column=``);
@@ -28,6 +29,7 @@ from typing import Any, Dict, List, Optional, Union
 
 from ..base import Node
 from ..items import Doc
+from .hf_datasets import HF, ReadArrow, is_hf_source, list_hf_units
 from .jsonl import ReadJsonl, list_jsonl_units
 from .manifest import list_units
 from .parquet import LIST, TEXT, ReadParquet
@@ -63,7 +65,7 @@ class SourcePlan:
     name: str
     fmt: str
     files: List[SourceFile]
-    units: Any  # UnitTable (parquet) or LineUnitTable (jsonl, txt)
+    units: Any  # UnitTable (parquet), LineUnitTable (jsonl, txt) or ArrowUnits (hf)
     column: str
     text_mode: str
     require_type: Optional[type] = str
@@ -78,6 +80,8 @@ class SourcePlan:
         return source_fingerprint(self.fmt, self.units.files)
 
     def reader(self, shard: ShardUnits, *, seed: int) -> Node[Doc]:
+        if self.fmt == HF:
+            return ReadArrow(shard, self.units, column=self.column, source=self.name, seed=seed)
         if self.fmt == "parquet":
             return ReadParquet(shard, self.units, column=self.column, source=self.name, seed=seed)
         if self.fmt == "jsonl":
@@ -137,14 +141,18 @@ def plan_source(name: str, spec: SourceSpec, *, column: str = "text", text_mode:
     ``messages_field`` when ``require_type`` is list, else ``text_column``)."""
     if text_mode not in TEXT_MODES:
         raise ValueError(f"{text_mode=} is not one of {TEXT_MODES}")
-    fmt = fmt or detect_format(spec)
+    fmt = fmt or (HF if is_hf_source(spec) else detect_format(spec))
     if manifest is not None and fmt != "parquet":
         raise ValueError(f"manifest={manifest!r} is an index of parquet files, but source {name!r} is {fmt}; "
                          "leave manifest= out for it")
-    files = resolve_files(spec, fmt)
+    files = [] if fmt == HF else resolve_files(spec, fmt)
     param = column_param or ("messages_field" if require_type is list else "text_column")
     try:
-        if fmt == "parquet":
+        if fmt == HF:
+            units = list_hf_units(name, spec, column, require=TEXT if require_type is str else
+                                  LIST if require_type is list else None)
+            files = units.files
+        elif fmt == "parquet":
             require = TEXT if require_type is str else LIST if require_type is list else None
             units = list_units(files, column, require=require, manifest=manifest)
         elif fmt == "jsonl":
