@@ -1,5 +1,13 @@
 """One small interface over the tokenizers users have: a ``tokenizer.json`` path,
-a `tokenizers.Tokenizer`, or a `tiktoken.Encoding`.
+a tokenizer directory, ``"demo"``, a tiktoken encoding name, a `tokenizers.Tokenizer`,
+or a `tiktoken.Encoding`.
+
+A directory is what ``save_pretrained`` writes: ``tokenizer.json`` for the ids, and
+``tokenizer_config.json`` (optional) for the BOS/EOS tokens and the chat template
+(or ``chat_template.jinja`` beside it), which the encoder carries to `sft`. A name
+that is not a path is a tiktoken encoding ("cl100k_base", ...) when the tiktoken
+extra is installed; tiktoken downloads an encoding once and caches it, so offline
+it loads only from that cache, and a miss is refused in one line saying so.
 
 `Encoder` is what nodes hold. It pickles as the tokenizer's serialized form (a
 JSON string or a tiktoken encoding name), so a loader worker rebuilds it
@@ -17,10 +25,14 @@ the shipped 4096-id tokenizer.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
-from typing import Any, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
+
+#: The tokenizer name (Python and command line) of the shipped 4096-id demo tokenizer.
+DEMO_TOKENIZER = "demo"
 
 #: Tokens tried, in order, when the user does not name a BOS.
 BOS_CANDIDATES = ("<|bos|>", "<bos>", "<s>", "<|begin_of_text|>", "<|startoftext|>", "<|endoftext|>", "[CLS]", "<|im_start|>")
@@ -28,6 +40,13 @@ BOS_CANDIDATES = ("<|bos|>", "<bos>", "<s>", "<|begin_of_text|>", "<|startoftext
 
 class Encoder:
     """Batched text -> int32 numpy arrays, plus the few facts the loader needs."""
+
+    #: From a tokenizer directory's tokenizer_config.json (None elsewhere).
+    bos_token: Optional[str] = None
+    eos_token: Optional[str] = None
+    chat_template: Optional[str] = None
+    #: Where the tokenizer came from, for messages.
+    origin: str = ""
 
     def __init__(self, kind: str, payload: str, fingerprint: str, tiktoken_obj: Any = None):
         self.kind = kind  # "hf" | "tiktoken"
@@ -86,7 +105,15 @@ class Encoder:
                              "pass a token that exists (or its id)")
         return int(tid)
 
+    def special_tokens(self) -> Dict[str, int]:
+        """The special tokens (spelling -> id): those data text never becomes (see `_as_data_tokenizer`)."""
+        if self.kind == "tiktoken":
+            return {t: int(self.tok.encode_single_token(t)) for t in self.tok.special_tokens_set}
+        return {t.content: int(i) for i, t in self.tok.get_added_tokens_decoder().items() if t.special}
+
     def default_bos(self) -> int:
+        if self.bos_token is not None:  # the tokenizer_config.json's own
+            return self.token_id(self.bos_token)
         for cand in BOS_CANDIDATES:
             try:
                 return self.token_id(cand)
@@ -137,12 +164,21 @@ def _hash(text: str) -> str:
 
 
 def load_encoder(tokenizer: Any) -> Encoder:
-    """Accept a path to ``tokenizer.json``, a `tokenizers.Tokenizer`, a `tiktoken.Encoding`,
-    or an `Encoder`; raise `ValueError` naming the path when it cannot be loaded."""
+    """Accept a path to ``tokenizer.json``, a tokenizer directory, ``"demo"``, a tiktoken
+    encoding name, a `tokenizers.Tokenizer`, a `tiktoken.Encoding`, or an `Encoder`;
+    raise `ValueError` naming the path when it cannot be loaded."""
     if isinstance(tokenizer, Encoder):
         return tokenizer
     if isinstance(tokenizer, (str, os.PathLike)):
         path = os.fspath(tokenizer)
+        if path == DEMO_TOKENIZER:
+            from tokenloom.sample_data import default_tokenizer_path
+
+            path = default_tokenizer_path()
+        elif os.path.isdir(path):
+            return _load_directory(path)
+        elif not os.path.exists(path) and _is_name(path):
+            return _load_tiktoken_name(path)
         try:
             with open(path, encoding="utf-8") as f:
                 payload = f.read()
@@ -174,6 +210,90 @@ def load_encoder(tokenizer: Any) -> Encoder:
         f"unsupported tokenizer {type(tokenizer).__name__}; pass a path to tokenizer.json, "
         "a tokenizers.Tokenizer or a tiktoken.Encoding"
     )
+
+
+def _is_name(value: str) -> bool:
+    """A bare name ("cl100k_base"), not a path: no folder and no file ending."""
+    return "/" not in value and os.sep not in value and "." not in value
+
+
+def _load_tiktoken_name(name: str) -> Encoder:
+    try:
+        import tiktoken
+    except ImportError:
+        raise ValueError(f"tokenizer {name!r} is not a file or directory; as a tiktoken encoding name it needs "
+                         "the tiktoken extra (pip install 'tokenloom[tiktoken]'), or pass the path of a "
+                         f"tokenizer.json or tokenizer directory, or {DEMO_TOKENIZER!r}") from None
+    try:
+        enc = tiktoken.get_encoding(name)
+    except ValueError as e:
+        if "nknown encoding" not in str(e):
+            raise ValueError(f"tiktoken encoding {name!r} could not be loaded: {e}") from e
+        raise ValueError(f"tokenizer {name!r} is not a file, a directory or a tiktoken encoding "
+                         f"(known: {tiktoken.list_encoding_names()}); pass the path of a tokenizer.json or "
+                         f"tokenizer directory, or {DEMO_TOKENIZER!r}") from None
+    except Exception as e:  # a download attempt failed: offline, and not in tiktoken's cache
+        cache = os.environ.get("TIKTOKEN_CACHE_DIR") or os.environ.get("DATA_GYM_CACHE_DIR") or \
+            "<tmp>/data-gym-cache"
+        raise ValueError(f"tiktoken encoding {name!r} is not available offline ({type(e).__name__}): tiktoken "
+                         f"downloads an encoding once and caches it in {cache} (TIKTOKEN_CACHE_DIR); load it once on "
+                         "a machine with internet and copy that cache here, or pass a tokenizer.json") from None
+    out = load_encoder(enc)
+    out.origin = name
+    return out
+
+
+def _load_directory(path: str) -> Encoder:
+    """``save_pretrained``'s layout: tokenizer.json, plus BOS/EOS and the chat template from
+    tokenizer_config.json (or chat_template.jinja, where newer transformers put it)."""
+    file = os.path.join(path, "tokenizer.json")
+    if not os.path.isfile(file):
+        raise ValueError(f"tokenizer directory {path!r} has no tokenizer.json (it holds {sorted(os.listdir(path))[:8]}); "
+                         "tokenloom reads Hugging Face fast tokenizers: tokenizer.save_pretrained(dir) writes one")
+    enc = load_encoder(file)
+    config_path = os.path.join(path, "tokenizer_config.json")
+    config: Dict[str, Any] = {}
+    if os.path.isfile(config_path):
+        try:
+            with open(config_path, encoding="utf-8") as f:
+                config = json.load(f)
+        except ValueError as e:
+            raise ValueError(f"{config_path!r} is not valid JSON: {e}") from None
+    enc.bos_token, enc.eos_token = _token_text(config.get("bos_token")), _token_text(config.get("eos_token"))
+    enc.chat_template = _chat_template_text(config.get("chat_template"), config_path)
+    jinja = os.path.join(path, "chat_template.jinja")
+    if os.path.isfile(jinja):
+        with open(jinja, encoding="utf-8") as f:
+            enc.chat_template = f.read()
+    for what, token in (("bos_token", enc.bos_token), ("eos_token", enc.eos_token)):
+        if token is not None:
+            try:
+                enc.token_id(token)
+            except ValueError:
+                raise ValueError(f"{config_path!r}: {what}={token!r} is not a token of {file!r}; "
+                                 "fix the config, or pass the tokenizer.json alone") from None
+    enc.origin = path
+    return enc
+
+
+def _token_text(value: Any) -> Optional[str]:
+    """``"<s>"`` or transformers' serialized AddedToken ``{"content": "<s>", ...}``."""
+    if isinstance(value, Mapping):
+        value = value.get("content")
+    return value if isinstance(value, str) and value else None
+
+
+def _chat_template_text(value: Any, where: str) -> Optional[str]:
+    """A template string, or transformers' named list ``[{"name": "default", "template": ...}]``."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        named = {t.get("name"): t.get("template") for t in value if isinstance(t, Mapping)}
+        if "default" in named:
+            return named["default"]
+        raise ValueError(f"{where!r}: chat_template names {sorted(named, key=str)} and none is 'default'; "
+                         "pass sft(template=<one of them as a .jinja file>)")
+    raise ValueError(f"{where!r}: chat_template is {type(value).__name__}, expected a string")
 
 
 def resolve_special(encoder: Encoder, token: Optional[Union[str, int]], *, default_bos: bool) -> Optional[int]:
