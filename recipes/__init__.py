@@ -1,7 +1,10 @@
 """Recipes: plain functions that build node graphs and return a loader."""
 
+from tokenloom.pipes.chat import ChatTemplate
+from tokenloom.pipes.chat_template import JinjaTemplate
+
 from .multiplex import multiplex, print_dataloader_stats
 from .pretrain import pretrain
 from .sft import sft
 
-__all__ = ["multiplex", "pretrain", "print_dataloader_stats", "sft"]
+__all__ = ["ChatTemplate", "JinjaTemplate", "multiplex", "pretrain", "print_dataloader_stats", "sft"]

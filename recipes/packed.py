@@ -92,7 +92,7 @@ def stat_keys(names: Sequence[str], chat: bool = False) -> List[str]:
 
 def describe_template(template: Any) -> str:
     """A description that is the same in every process (a callable's repr holds an address)."""
-    if isinstance(template, ChatTemplate):
+    if hasattr(template, "resolve"):  # ChatTemplate, JinjaTemplate (its repr holds a hash of the source)
         return repr(template)
     return f"{getattr(template, '__module__', '?')}.{getattr(template, '__qualname__', type(template).__name__)}"
 

@@ -2,8 +2,12 @@
 
 Conversations are ``{"messages": [{"role", "content"}, ...]}`` records in jsonl or
 parquet (a list-of-struct column). Each is rendered by a chat template into token
-ids and a mask that trains the assistant's tokens and their end-of-turn token,
-nothing else; ``labels`` are -100 wherever the target is not trained. Rows are
+ids and a mask that trains the assistant's tokens and their end-of-turn marker,
+nothing else; ``labels`` are -100 wherever the target is not trained. The
+template is the tokenizer's own (a tokenizer directory with a chat template,
+rendered with Jinja2 as transformers does), else the demo tokenizer's role
+tokens where the tokenizer has them, else ChatML with text markers where the
+tokenizer lacks its tokens (pipes/chat.py `choose_template`). Rows are
 packed best-fit with padding, so a conversation is never cut in the middle unless
 it is longer than a row, which ``long_conversations`` decides and counts
 (``"truncate"`` by default, ``"split"`` or ``"drop"``). Everything else is as in
@@ -14,11 +18,13 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
-from tokenloom.pipes.chat import ChatTemplate
+from tokenloom.pipes.chat import ChatTemplate, choose_template
+from tokenloom.pipes.chat_template import JinjaTemplate
 from tokenloom.pipes.loader.bridge import TokenLoomLoader
 from tokenloom.pipes.loader.rank_sync import RankSync
 from tokenloom.pipes.schedule import Weights
 from tokenloom.pipes.sources.files import SourceSpec
+from tokenloom.pipes.tokenizer import load_encoder
 
 from .packed import packed_loader
 
@@ -28,7 +34,7 @@ def sft(
     tokenizer: Any,
     seq_len: int = 2048,
     batch_size: int = 8,
-    template: Union[ChatTemplate, Callable, None] = None,
+    template: Union[ChatTemplate, JinjaTemplate, str, Callable, None] = None,
     weights: Optional[Weights] = None,
     packing: str = "bestfit",
     buffer_size: int = 1000,
@@ -48,23 +54,31 @@ def sft(
     rank_sync: Optional[RankSync] = None,
     manifest: Union[str, Mapping[str, str], None] = None,
     pad: Union[str, int, None] = None,
+    bos: Union[str, int, None] = None,
     **loader_kwargs: Any,
 ) -> TokenLoomLoader:
     """Build a loader of packed conversation batches (see the module docstring and the README).
 
-    ``template`` is a `ChatTemplate` (default: ``<|bos|> (<|role|> content <|end|>)*`` with
-    the shipped tokenizer's special tokens) or a callable ``(messages, encoder) -> (ids, mask)``.
+    ``template``: None (the tokenizer's own chat template, else ``<|bos|> (<|role|> content <|end|>)*``
+    where the tokenizer has those tokens, as the shipped one does, else ChatML), a `ChatTemplate`, a
+    `JinjaTemplate`, ``"chatml"`` or ``"demo"``, the path of a Jinja file, a ``tokenizer_config.json``
+    or a tokenizer directory, or a callable ``(messages, encoder) -> (ids, mask)``. ``bos``: a token
+    string or id that replaces the template's BOS (a Jinja template's ``bos_token``).
     The label after a conversation's last token is always -100 (`pretrain`'s ``predict_bos=False``):
     the template's trained end token is the stop signal, and nothing is trained across
     conversations. ``pad``: the token string or id of padding ``input_ids`` (default: 0).
     """
     if packing == "bestfit-crop":
         raise ValueError("packing='bestfit-crop' would cut conversations to fill rows; use 'bestfit' (default)")
+    encoder = load_encoder(tokenizer)
+    chat = choose_template(template, encoder, bos)
+    if hasattr(chat, "resolve"):
+        chat.resolve(encoder)  # a missing token or a template that cannot give a mask fails here, not in a worker
     return packed_loader(
-        sources, tokenizer, seq_len=seq_len, batch_size=batch_size, bos=None, weights=weights, packing=packing,
+        sources, encoder, seq_len=seq_len, batch_size=batch_size, bos=None, weights=weights, packing=packing,
         buffer_size=buffer_size, epochs=epochs, num_workers=num_workers, seed=seed, rank=rank,
         world_size=world_size, text_column=messages_field, eos=None, mix=mix, weights_unit=weights_unit, stop=stop,
         cycle_exhausted=cycle_exhausted, pattern=pattern, burst=burst, text_mode="file", rank_sync=rank_sync,
         manifest=manifest, predict_bos=False, pad=pad,
-        chat=template if template is not None else ChatTemplate(), long_conversations=long_conversations,
+        chat=chat, long_conversations=long_conversations,
         loader_kwargs=loader_kwargs)

@@ -150,5 +150,6 @@ def test_default_template_needs_the_special_tokens(chats):
     from tokenizers import Tokenizer, models
 
     bare = Tokenizer(models.WordLevel({"[UNK]": 0, "a": 1}, unk_token="[UNK]"))
-    with pytest.raises(ValueError, match=r"token '<\|system\|>' is not in the tokenizer's vocabulary"):
-        sft(chats[0], tokenizer=bare, seq_len=63, batch_size=2)
+    # issue 17: the default falls back to ChatML (text markers); a template naming a missing token says so
+    with pytest.raises(ValueError, match=r"the chat template's bos='<\|bos\|>' is not a token.*template='chatml'"):
+        sft(chats[0], tokenizer=bare, seq_len=63, batch_size=2, template=ChatTemplate())
