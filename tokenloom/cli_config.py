@@ -33,9 +33,10 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
-from tokenloom.pipes.chat import LONG_POLICIES
+from tokenloom.pipes.chat import LONG_POLICIES, TEMPLATE_NAMES
 from tokenloom.pipes.mix import STOPS, STRATEGIES, UNITS
 from tokenloom.pipes.sources.readers import TEXT_MODES
+from tokenloom.pipes.tokenizer import DEMO_TOKENIZER
 from tokenloom.recipes.packed import PACKINGS
 
 RECIPES = ("pretrain", "sft")
@@ -71,13 +72,11 @@ class Setting:
         return "--" + self.key.replace("_", "-")
 
 
-#: The --tokenizer value that picks the shipped demo tokenizer.
-DEMO_TOKENIZER = "demo"
-
 SETTINGS: Tuple[Setting, ...] = (
     Setting("recipe", None, str, "what to build (default: pretrain)", choices=RECIPES),
-    Setting("tokenizer", "tokenizer", str, f"path to tokenizer.json, or {DEMO_TOKENIZER!r} for the shipped "
-            "4096-id demo tokenizer (required: a model trained on the wrong tokenizer is wasted)", path=True),
+    Setting("tokenizer", "tokenizer", str, f"path to tokenizer.json or a tokenizer directory, a tiktoken encoding "
+            f"name, or {DEMO_TOKENIZER!r} for the shipped 4096-id demo tokenizer (required: a model trained on the "
+            "wrong tokenizer is wasted)", path=True),
     Setting("seq_len", "seq_len", int, "tokens per row (T)"),
     Setting("batch_size", "batch_size", int, "rows per batch (B)"),
     Setting("packing", "packing", str, "how documents fill rows", choices=PACKINGS),
@@ -92,8 +91,8 @@ SETTINGS: Tuple[Setting, ...] = (
             recipes=("pretrain",)),
     Setting("text_mode", "text_mode", str, "text files: one document per file or per paragraph",
             recipes=("pretrain",), choices=TEXT_MODES),
-    Setting("bos", "bos", _token, "token string or id put before every document (default: the tokenizer's)",
-            recipes=("pretrain",)),
+    Setting("bos", "bos", _token, "token string or id put before every document (default: the tokenizer's; "
+            "sft: the chat template's)"),
     Setting("eos", "eos", _token, "token string or id put after every document (default: none)",
             recipes=("pretrain",)),
     Setting("predict_bos", "predict_bos", bool, "label a document's last token with BOS (the model learns where "
@@ -101,6 +100,9 @@ SETTINGS: Tuple[Setting, ...] = (
     Setting("pad", "pad", _token, "token string or id of padding input_ids (default: the BOS id; sft: 0)"),
     Setting("messages_field", "messages_field", str, "jsonl field / parquet column holding the conversation",
             recipes=("sft",)),
+    Setting("template", "template", str, f"chat template: {' or '.join(TEMPLATE_NAMES)}, a Jinja file, a "
+            "tokenizer_config.json or a tokenizer directory (default: the tokenizer's own, else its role tokens, "
+            "else chatml)", recipes=("sft",), path=True),
     Setting("long_conversations", "long_conversations", str, "conversations longer than a row",
             recipes=("sft",), choices=LONG_POLICIES),
     Setting("steps", None, int, "batches to take (default: 100, or to the end with --epochs)"),
@@ -225,9 +227,13 @@ def read_toml(path: str) -> Dict[str, Any]:
 
 
 def _relative_to(base: str, path: str) -> str:
-    if _URI.match(path) or os.path.isabs(path) or path == DEMO_TOKENIZER:
+    """A path relative to the TOML file's folder; names (demo, chatml, a tiktoken encoding) stay names."""
+    if _URI.match(path) or os.path.isabs(path) or path in (DEMO_TOKENIZER, *TEMPLATE_NAMES):
         return path
-    return os.path.join(base, path)
+    joined = os.path.join(base, path)
+    if not os.path.exists(joined) and "/" not in path and "." not in path:  # "cl100k_base"
+        return path
+    return joined
 
 
 def _toml_sources(path: str, base: str, value: Any) -> Any:
@@ -284,14 +290,12 @@ def recipe_kwargs(settings: Mapping[str, Any]) -> Tuple[str, Callable[..., Any],
 
 
 def tokenizer_path(settings: Mapping[str, Any]) -> str:
-    """--tokenizer; ``demo`` names the shipped demo tokenizer."""
-    from tokenloom.sample_data import default_tokenizer_path
-
+    """--tokenizer, as `load_encoder` takes it (``demo`` names the shipped demo tokenizer there)."""
     value = settings.get("tokenizer")
     if not value:
         raise ValueError(f"no tokenizer: pass --tokenizer PATH to your tokenizer.json (or --tokenizer {DEMO_TOKENIZER} "
                          "for the shipped 4096-id demo tokenizer, for trying tokenloom out)")
-    return default_tokenizer_path() if value == DEMO_TOKENIZER else value
+    return value
 
 
 def steps_to_take(settings: Mapping[str, Any]) -> Optional[int]:

@@ -30,7 +30,7 @@ FLAG_OF: Dict[str, str] = {
 
 #: Keywords of the Python API (recipes, readers, loader) that no command-line flag sets.
 NO_FLAG = ("on_error", "on_null", "require_type", "field", "cycle_exhausted", "pattern", "burst", "rank",
-           "world_size", "rank_sync", "padding_batch", "manifest", "template", "device", "errors", "fmt",
+           "world_size", "rank_sync", "padding_batch", "manifest", "device", "errors", "fmt",
            "endpoint_override", "scheme", "max_wait", "prefetch_factor", "persistent_workers", "pin_memory",
            "snapshot_every_n_steps", "cache")
 
