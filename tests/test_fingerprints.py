@@ -229,15 +229,18 @@ def test_a_glob_without_an_ending_reads_the_kind_it_matches(parquet_dir, tok_pat
 
 
 @pytest.mark.parametrize("layout", ["pretty", "one line"])
-def test_a_json_array_is_named_as_one(tmp_path, tok_path, layout):
+def test_a_json_array_is_fingerprinted_as_a_json_source(tmp_path, tok_path, layout):
+    """A .json file holding one array is read (tests/test_json_sources.py); its state names the file
+    when it changes, as a jsonl file's does."""
     stories = [{"story": t} for t in TEXTS[:40]]
     path = tmp_path / "TinyStories.json"
-    path.write_text(json.dumps(stories, indent=2 if layout == "pretty" else None))
-    with pytest.raises(ValueError) as e:
-        build(str(path), tok_path, text_column="story")
-    message = str(e.value)
-    assert "\n" not in message and "malformed" not in message
-    assert "TinyStories.json holds a JSON array" in message and "JSON lines, one object per line" in message
+    indent = 2 if layout == "pretty" else None
+    path.write_text(json.dumps(stories, indent=indent))
+    state = state_after(build(str(path), tok_path, text_column="story"))
+    build(str(path), tok_path, text_column="story").load_state_dict(state)
+    path.write_text(json.dumps(stories + stories[:1], indent=indent))
+    with pytest.raises(ValueError, match=r"TinyStories\.json resized"):
+        build(str(path), tok_path, text_column="story").load_state_dict(state)
 
 
 def test_index_of_a_jsonl_file_says_so(tmp_path):

@@ -31,10 +31,14 @@ from typing import List, Optional, Sequence, Tuple, Union
 
 import pyarrow.fs as pafs
 
-#: File endings a directory spec picks up, per format.
+#: Compressed endings of JSON sources, and pyarrow's codec for each (compressed.py).
+COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".bz2": "bz2"}
+_JSON = (".jsonl", ".json", ".ndjson")
+
+#: File endings a directory spec picks up, per format (jsonl: JSON lines or arrays, plain or compressed).
 FORMAT_SUFFIXES = {
     "parquet": (".parquet", ".pq"),
-    "jsonl": (".jsonl", ".json", ".ndjson"),
+    "jsonl": _JSON + tuple(e + c for e in _JSON for c in COMPRESSIONS),
     "txt": (".txt", ".md", ".text"),
 }
 

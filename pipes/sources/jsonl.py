@@ -1,4 +1,11 @@
-"""JSON-lines sources: one JSON object per line, one document per object.
+"""JSON sources: one JSON object per line (jsonl), or one JSON array of objects per file
+(json_array.py), plain or compressed (compressed.py); one document per object.
+
+Each file is looked at once at listing: a file whose first non-whitespace byte is
+``[`` is an array, any other is JSON lines, and a file that is neither (its first
+line a JSON value that is not an object, or one that goes on past the line, as a
+pretty-printed object does) is refused in one line naming it. A source may mix
+the two layouts and compressed and plain files.
 
 Listing is the line listing of `text_files` (one numpy pass per file, ~1.1 GB/s):
 units of up to ``rows_per_unit`` non-blank lines, each recorded with its byte
@@ -15,7 +22,8 @@ loop over the same file in the same run. The state is the `UnitCursor` position 
 at the slice start + rows handed out) plus the count of skipped lines.
 
 Bad lines, and what happens to them (the location is always the file and the
-1-based line number in that file):
+1-based line number in that file; for an array element, its index in the file,
+its byte offset and line):
 
 - malformed JSON, invalid UTF-8, a line that is not an object, a missing field,
   a value of the wrong type (``require_type``): ``on_error="raise"`` (default)
@@ -39,25 +47,30 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass, replace
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
 
 from ..base import Node
 from ..items import Doc
 from ..shard import ShardUnits, WorkSlice
+from .compressed import CompressedUnitBytes, compression_of, content_key, merge_units, open_decompressed
 from .files import SourceFile
-from .text_files import MAX_UNIT_BYTES, LineUnitTable, UnitBytes, UnitCursor, list_line_units
+from .json_array import first_byte, scan_array, split_elements
+from .text_files import MAX_UNIT_BYTES, LineUnitTable, UnitCursor, scan_file
 
 log = logging.getLogger(__name__)
 
 POLICIES = ("raise", "skip")
 _DECODER = json.JSONDecoder()  # json.loads minus its per-call argument checks
+_JSON_WS = b" \t\n\r"
 
 # What to do about each kind of bad line, appended to the error.
 _HINTS = {
     "malformed": "Fix or remove the line, or pass on_error='skip' to skip bad lines (counted as 'skipped' "
                  "in the reader's state)",
-    "not_object": "Every line must be one JSON object ({...}); a .json file holding a single array must be "
-                  "converted to JSON lines first. Or pass on_error='skip'",
+    "not_object": "Every line (or array element) must be one JSON object ({...}); or pass on_error='skip'",
     "missing": "Pass field= (in recipes: text_column= for pretrain, messages_field= for sft) naming one of the "
                "keys, or on_error='skip' to skip such lines",
     "type": "Pass require_type= matching the data, or on_error='skip' to skip such lines",
@@ -65,20 +78,22 @@ _HINTS = {
 }
 
 
-def jsonl_field(line: bytes, field: str, require_type: Optional[Union[type, Tuple[type, ...]]] = None
-                ) -> Tuple[Any, Optional[Tuple[str, str]]]:
-    """``(value, None)``, or ``(None, (kind, what is wrong))`` for a bad line."""
+def jsonl_field(line: bytes, field: str, require_type: Optional[Union[type, Tuple[type, ...]]] = None,
+                record: str = "line") -> Tuple[Any, Optional[Tuple[str, str]]]:
+    """``(value, None)``, or ``(None, (kind, what is wrong))`` for a bad line (``record``: what to call it)."""
     try:
         obj = _DECODER.decode(line.decode("utf-8"))
     except UnicodeDecodeError as e:
-        return None, ("malformed", f"invalid UTF-8 at byte {e.start} of the line ({line[e.start:e.start + 8]!r})")
+        return None, ("malformed", f"invalid UTF-8 at byte {e.start} of the {record} ({line[e.start:e.start + 8]!r})")
     except json.JSONDecodeError as e:
-        return None, ("malformed", f"malformed JSON: {e.msg} at column {e.colno} ({line[:80]!r})")
+        where = f"column {e.colno}" if record == "line" else f"line {e.lineno} column {e.colno} of the element"
+        return None, ("malformed", f"malformed JSON: {e.msg} at {where} ({line.strip()[:80]!r})")
     if not isinstance(obj, dict):
-        return None, ("not_object", f"the line holds a JSON {type(obj).__name__}, not an object ({line[:80]!r})")
+        return None, ("not_object", f"the {record} holds a JSON {type(obj).__name__}, not an object "
+                                    f"({line.strip()[:80]!r})")
     if field not in obj:
         keys = sorted(obj)
-        return None, ("missing", f"no field {field!r}; the line has keys {keys[:20]}{' ...' if len(keys) > 20 else ''}")
+        return None, ("missing", f"no field {field!r}; the {record} has keys {keys[:20]}{' ...' if len(keys) > 20 else ''}")
     value = obj[field]
     if value is None:
         return None, ("null", f"field {field!r} is null")
@@ -88,37 +103,98 @@ def jsonl_field(line: bytes, field: str, require_type: Optional[Union[type, Tupl
     return value, None
 
 
+@dataclass
+class JsonUnitTable(LineUnitTable):
+    """A `LineUnitTable` whose files are JSON lines or JSON arrays: ``arrays[i]`` says which
+    file is an array (its units are ranges of elements, ``first_line`` the line of the first)."""
+
+    arrays: Optional[np.ndarray] = None
+
+    def is_array(self, unit: int) -> bool:
+        return self.arrays is not None and bool(self.arrays[int(self.file[unit])])
+
+
+def _neither(first: bytes) -> Optional[str]:
+    """Why a file whose first record is ``first`` is neither JSON lines nor an array (None: it may be)."""
+    try:
+        text = first.decode("utf-8")
+        obj = _DECODER.decode(text)
+    except UnicodeDecodeError:
+        return None  # a bad line: the reader and its on_error
+    except json.JSONDecodeError as e:
+        if e.pos < len(text.rstrip()):
+            return None  # broken inside the line: a bad line
+        return (f"its first line {text.strip()[:60]!r} ends before the JSON value it starts does (one object "
+                "over several lines, as pretty-printed JSON is?)")
+    if isinstance(obj, dict):
+        return None
+    return f"its first record is a JSON {type(obj).__name__} ({text.strip()[:60]!r}), not an object"
+
+
 def list_jsonl_units(files: Sequence[SourceFile], *, field: Optional[str] = "text", rows_per_unit: int = 1000,
-                     max_unit_bytes: int = MAX_UNIT_BYTES) -> LineUnitTable:
-    """Units of up to ``rows_per_unit`` non-blank lines (and ``max_unit_bytes``) per file.
+                     max_unit_bytes: int = MAX_UNIT_BYTES) -> JsonUnitTable:
+    """Units of up to ``rows_per_unit`` non-blank lines or array elements (and ``max_unit_bytes``)
+    per file; a compressed file's merged into a few (compressed.py).
 
     The first record of each file must hold ``field`` when it is a JSON object (a
     malformed first line is left to the reader and its ``on_error``); ``field=None``
-    lists without looking. A file whose first record starts with ``[`` is a JSON
-    array (one document for the whole file, or lines of arrays), refused here in one
-    line instead of as a malformed line somewhere in the middle.
+    lists without looking. A file that is neither JSON lines nor one JSON array is
+    refused here in one line instead of as a malformed line somewhere in the middle.
     """
-    def inspect(f: SourceFile, first: bytes) -> None:
-        if first.lstrip()[:1] == b"[":
-            raise ValueError(f"{f.uri or f.path} holds a JSON array (its first record starts with '['), but a jsonl "
-                             "source needs JSON lines, one object per line; convert it, e.g. `jq -c '.[]' "
-                             "in.json > out.jsonl`")
+    if rows_per_unit < 1:
+        raise ValueError(f"{rows_per_unit=} must be >= 1")
+    if max_unit_bytes < 1:
+        raise ValueError(f"{max_unit_bytes=} must be >= 1")
+
+    def inspect(f: SourceFile, first: bytes, record: str) -> None:
+        if record == "line":
+            why = _neither(first)
+            if why is not None:
+                raise ValueError(f"{f.uri or f.path} is neither JSON lines nor a JSON array: {why}; a JSON source "
+                                 "holds one object per line, or one array of objects, [{...}, {...}]")
         if field is None:
             return
-        _, problem = jsonl_field(first, field)
+        _, problem = jsonl_field(first, field, record=record)
         if problem is not None and problem[0] == "missing":
             raise ValueError(f"{f.uri or f.path}, first record: {problem[1]}. Pass field= (text_column= in "
                              "recipes) naming one of them; if only some records lack it, pass field=None here "
                              "to list without this check and on_error='skip' to the reader")
 
-    return list_line_units(files, kind="lines", rows_per_unit=rows_per_unit, max_unit_bytes=max_unit_bytes,
-                           inspect=inspect)
+    cols: Dict[str, list] = {"file": [], "start": [], "end": [], "first_line": [], "rows": []}
+    listed, arrays, blanks = [], [], 0
+    for i, f in enumerate(files):
+        compressed = compression_of(f.path) is not None
+        opener = open_decompressed if compressed else SourceFile.open
+        try:
+            array = first_byte(f, opener) == b"["
+            if array:
+                found, first, size = scan_array(f, opener, rows_per_unit=rows_per_unit, max_unit_bytes=max_unit_bytes)
+            else:
+                found, blank, first = scan_file(f, paragraphs=False, rows_per_unit=rows_per_unit,
+                                                max_unit_bytes=max_unit_bytes, opener=opener)
+                blanks += blank
+                size = found[-1][1] if found else 0  # where the last line ends
+        except OSError as e:
+            raise ValueError(f"cannot read {f.uri or f.path}: {e}") from e
+        if first is not None:
+            inspect(f, first, "element" if array else "line")
+        if compressed:
+            found = merge_units(found, max_unit_bytes)
+            f = replace(f, key=content_key(f, size), mtime_ns=None)  # keyed: a copy's new mtime says nothing
+        listed.append(f)
+        arrays.append(array)
+        for start, end, line, rows in found:
+            for k, v in zip(("file", "start", "end", "first_line", "rows"), (i, start, end, line, rows)):
+                cols[k].append(v)
+    return JsonUnitTable(listed, np.asarray(cols["file"], np.int32), np.asarray(cols["start"], np.int64),
+                         np.asarray(cols["end"], np.int64), np.asarray(cols["first_line"], np.int64),
+                         np.asarray(cols["rows"], np.int64), "lines", blanks, np.asarray(arrays, bool))
 
 
 class ReadJsonl(Node[Doc]):
-    """Reads ``field`` of every JSON line of the slices a `ShardUnits` node emits:
-    ``Doc(value, source, unit, row)`` with ``row`` the line's index among the unit's
-    non-blank lines, in file order. See the module docstring for bad lines."""
+    """Reads ``field`` of every JSON line (or array element) of the slices a `ShardUnits` node
+    emits: ``Doc(value, source, unit, row)`` with ``row`` the record's index among the unit's
+    non-blank lines (or elements), in file order. See the module docstring for bad lines."""
 
     PARENT = "parent"
     ROW = "row"
@@ -135,19 +211,43 @@ class ReadJsonl(Node[Doc]):
             raise ValueError(f"{on_error=} and {on_null=} must each be one of {POLICIES}")
         self.units, self.field, self.source = units, field, source
         self.on_error, self.on_null, self.require_type = on_error, on_null, require_type
-        self._bytes = UnitBytes(units)
+        self._bytes = CompressedUnitBytes(units)
         self._lines: List[bytes] = []
         self._keep: List[int] = []
+        self._data, self._starts = b"", np.empty(0, np.int64)  # an array unit's bytes and element starts
         self._skipped = 0
         self._warned: set = set()
         self._cursor = UnitCursor(parent, self._load, seed=seed, shuffle_rows=shuffle_rows)
 
+    def _is_array(self, u: int) -> bool:
+        return isinstance(self.units, JsonUnitTable) and self.units.is_array(u)
+
     def _load(self, s: WorkSlice) -> int:
-        self._lines = self._bytes.read(s.unit).split(b"\n")
-        # the listing's blank test, on bytes: isspace() is ASCII whitespace
-        self._keep = [i for i, line in enumerate(self._lines) if line and not line.isspace()]
+        data = self._bytes.read(s.unit)
+        if self._is_array(s.unit):
+            starts, ends = split_elements(data)
+            self._data, self._starts = data, starts
+            # stripped, so a parse error's line and column count from the element's first byte
+            self._lines = [data[a:b].strip(_JSON_WS) for a, b in zip(starts.tolist(), ends.tolist())]
+            self._keep = list(range(len(self._lines)))
+        else:
+            self._lines = data.split(b"\n")
+            # the listing's blank test, on bytes: isspace() is ASCII whitespace
+            self._keep = [i for i, line in enumerate(self._lines) if line and not line.isspace()]
         self._bytes.check_rows(s.unit, len(self._keep))
         return len(self._keep)
+
+    def _where(self, u: int, i: int) -> str:
+        """Where line (or element) ``i`` of unit ``u`` is, for a message."""
+        t = self.units
+        if not self._is_array(u):
+            return f"{t.path(u)}, line {int(t.first_line[u]) + i}"
+        rel = int(self._starts[i])
+        rel += len(self._data[rel:rel + 4096]) - len(self._data[rel:rel + 4096].lstrip(_JSON_WS))
+        before = int(t.rows[:u][t.file[:u] == t.file[u]].sum())
+        line = int(t.first_line[u]) + self._data.count(b"\n", 0, rel)
+        of = " of the decompressed data" if compression_of(t.path(u)) else ""
+        return f"{t.path(u)}, element {before + i} (byte {int(t.start[u]) + rel}{of}, line {line})"
 
     def reset(self, initial_state: Optional[Dict[str, Any]] = None) -> None:
         self._lines, self._keep = [], []
@@ -162,11 +262,12 @@ class ReadJsonl(Node[Doc]):
         while True:
             s, row = self._cursor.next()
             i = self._keep[row]
-            value, problem = jsonl_field(self._lines[i], self.field, self.require_type)
+            value, problem = jsonl_field(self._lines[i], self.field, self.require_type,
+                                         "element" if self._is_array(s.unit) else "line")
             if problem is None:
                 return Doc(value, self.source, s.unit, row, s.epoch, self._cursor.last_pos(), s.used)
             kind, what = problem
-            where = f"{self.units.path(s.unit)}, line {int(self.units.first_line[s.unit]) + i}"
+            where = self._where(s.unit, i)
             if (self.on_null if kind == "null" else self.on_error) == "raise":
                 raise ValueError(f"{where}: {what}. {_HINTS[kind]}")
             self._skipped += 1

@@ -35,7 +35,7 @@ from .manifest import list_units
 from .parquet import LIST, TEXT, ReadParquet
 from ..shard import ShardUnits
 from .fingerprint import source_fingerprint
-from .files import FORMAT_SUFFIXES, SourceFile, SourceSpec, resolve_files
+from .files import COMPRESSIONS, FORMAT_SUFFIXES, SourceFile, SourceSpec, resolve_files
 from .text_files import ReadText, list_text_units
 
 TEXT_MODES = ("file", "paragraphs")
@@ -116,7 +116,9 @@ def detect_format(spec: SourceSpec) -> str:
                     kinds.append(candidate)
                 else:
                     other = matched[0].uri or matched[0].path
-            endings = ", ".join(f"{k} {' '.join(v)}" for k, v in FORMAT_SUFFIXES.items())
+            plain = {k: [e for e in v if e.count(".") == 1] for k, v in FORMAT_SUFFIXES.items()}
+            endings = ", ".join(f"{k} {' '.join(v)}" for k, v in plain.items())
+            endings += f"; jsonl also compressed ({' '.join(COMPRESSIONS)})"
             if len(kinds) > 1:
                 raise ValueError(f"source {one!r} holds several kinds of files ({kinds}); point it at one kind "
                                  "(e.g. a glob with its ending), or give each kind its own source name")

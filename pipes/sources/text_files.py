@@ -162,17 +162,19 @@ class _UnitBuilder:
         return [(s, e, line, rows) for (s, line, rows), e in zip(self.units, ends)]
 
 
-def scan_file(f: SourceFile, *, paragraphs: bool, rows_per_unit: int,
-              max_unit_bytes: int = MAX_UNIT_BYTES) -> Tuple[List[Tuple[int, int, int, int]], int, Optional[bytes]]:
+def scan_file(f: SourceFile, *, paragraphs: bool, rows_per_unit: int, max_unit_bytes: int = MAX_UNIT_BYTES,
+              opener: Optional[Callable[[SourceFile], Any]] = None
+              ) -> Tuple[List[Tuple[int, int, int, int]], int, Optional[bytes]]:
     """One pass over a file: its units ``(start, end, first_line, rows)``, its number of
-    blank lines, and the bytes of its first row's first line (None if it has no row)."""
+    blank lines, and the bytes of its first row's first line (None if it has no row).
+    ``opener(f)`` gives the stream to scan (default ``f.open()``; compressed.py decompresses)."""
     units = _UnitBuilder(rows_per_unit, max_unit_bytes)
     blank_total, first_row = 0, None
     prev_blank = True  # the start of a file counts as after a blank line
     off, line_no = 0, 1  # file offset and line number of the pending bytes' start
     pending: List[bytes] = []
     try:
-        with f.open() as handle:
+        with (opener(f) if opener is not None else f.open()) as handle:
             first = True
             while True:
                 chunk = handle.read(CHUNK_BYTES)
