@@ -351,3 +351,11 @@ def test_a_compressed_file_rewritten_to_the_same_size_is_refused(tmp_path, tok_p
     assert (tmp_path / "d.jsonl.gz").stat().st_size == size
     with pytest.raises(ValueError, match=r"d\.jsonl\.gz rewritten \(same size"):
         build().load_state_dict(state)
+
+
+def test_a_truncated_compressed_file_names_the_file(tmp_path):
+    write_compressed(tmp_path / "a.jsonl.gz", stories("g", 400, seed=3), "gzip")
+    data = (tmp_path / "a.jsonl.gz").read_bytes()
+    (tmp_path / "a.jsonl.gz").write_bytes(data[:len(data) // 2])
+    with pytest.raises(ValueError, match=r"cannot read .*a\.jsonl\.gz: .*[Tt]runcated"):
+        list_jsonl_units(resolve_files(str(tmp_path), "jsonl"), field="story")

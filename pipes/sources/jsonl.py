@@ -214,7 +214,8 @@ class ReadJsonl(Node[Doc]):
         self._bytes = CompressedUnitBytes(units)
         self._lines: List[bytes] = []
         self._keep: List[int] = []
-        self._data, self._starts = b"", np.empty(0, np.int64)  # an array unit's bytes and element starts
+        # an array unit: its bytes and where its elements start and end (sliced when handed out)
+        self._data, self._starts, self._ends = b"", [], []
         self._skipped = 0
         self._warned: set = set()
         self._cursor = UnitCursor(parent, self._load, seed=seed, shuffle_rows=shuffle_rows)
@@ -226,11 +227,10 @@ class ReadJsonl(Node[Doc]):
         data = self._bytes.read(s.unit)
         if self._is_array(s.unit):
             starts, ends = split_elements(data)
-            self._data, self._starts = data, starts
-            # stripped, so a parse error's line and column count from the element's first byte
-            self._lines = [data[a:b].strip(_JSON_WS) for a, b in zip(starts.tolist(), ends.tolist())]
-            self._keep = list(range(len(self._lines)))
+            self._data, self._starts, self._ends = data, starts.tolist(), ends.tolist()
+            self._lines, self._keep = [], range(len(self._starts))
         else:
+            self._data, self._starts, self._ends = b"", [], []
             self._lines = data.split(b"\n")
             # the listing's blank test, on bytes: isspace() is ASCII whitespace
             self._keep = [i for i, line in enumerate(self._lines) if line and not line.isspace()]
@@ -242,8 +242,8 @@ class ReadJsonl(Node[Doc]):
         t = self.units
         if not self._is_array(u):
             return f"{t.path(u)}, line {int(t.first_line[u]) + i}"
-        rel = int(self._starts[i])
-        rel += len(self._data[rel:rel + 4096]) - len(self._data[rel:rel + 4096].lstrip(_JSON_WS))
+        piece = self._data[self._starts[i]:self._ends[i]]
+        rel = self._starts[i] + len(piece) - len(piece.lstrip(_JSON_WS))
         before = int(t.rows[:u][t.file[:u] == t.file[u]].sum())
         line = int(t.first_line[u]) + self._data.count(b"\n", 0, rel)
         of = " of the decompressed data" if compression_of(t.path(u)) else ""
@@ -251,6 +251,7 @@ class ReadJsonl(Node[Doc]):
 
     def reset(self, initial_state: Optional[Dict[str, Any]] = None) -> None:
         self._lines, self._keep = [], []
+        self._data, self._starts, self._ends = b"", [], []
         if initial_state is None:
             self._cursor.reset(None, 0)
             self._skipped = 0
@@ -262,8 +263,11 @@ class ReadJsonl(Node[Doc]):
         while True:
             s, row = self._cursor.next()
             i = self._keep[row]
-            value, problem = jsonl_field(self._lines[i], self.field, self.require_type,
-                                         "element" if self._is_array(s.unit) else "line")
+            if self._starts:  # stripped, so a parse error's line and column count from the element's start
+                value, problem = jsonl_field(self._data[self._starts[i]:self._ends[i]].strip(_JSON_WS), self.field,
+                                             self.require_type, "element")
+            else:
+                value, problem = jsonl_field(self._lines[i], self.field, self.require_type)
             if problem is None:
                 return Doc(value, self.source, s.unit, row, s.epoch, self._cursor.last_pos(), s.used)
             kind, what = problem
