@@ -16,23 +16,24 @@ produce (tiktoken merges by id), and, when the model does not set
 
 Structure is necessary, not sufficient: the regex engines differ (Oniguruma in
 `tokenizers`, fancy-regex in tiktoken), and tiktoken joins any two neighbours
-whose bytes form a token, merge or not. So `choose` also encodes `SAMPLE`
-(~10 KB: prose, contractions, digits, whitespace runs, tabs, code, accents,
-CJK, emoji, combining marks, special-token spellings) with both and keeps
-tiktoken only if every id agrees; otherwise the loader stays on `tokenizers`
-and the summary says why. Data text is always text: tiktoken's
+whose bytes form a token, merge or not. So `choose` also encodes a 17 KB
+sample (`SAMPLE`: prose, contractions, digits, whitespace runs, tabs, code,
+accents, CJK, emoji, combining marks, special-token spellings; and this
+module's own source) with both and keeps tiktoken only if every id agrees;
+otherwise the loader stays on `tokenizers` and the summary says why. Data text is always text: tiktoken's
 ``encode_ordinary`` never yields a special token, like the loader's
 `tokenizers` setting (`tokenizer._as_data_tokenizer`). Only encoding moves:
 decoding, token lookups and the fingerprint stay with `tokenizers`, so a state
 saved on one engine resumes on the other.
 
-Trade-off: the choice costs ~0.3 s for a 32k vocabulary (conversion, the
-vocabulary check, the sample) once in the main process. Workers receive only the
-verdict with the serialized tokenizer and rebuild the Encoding from it, without
-checks, once per process (`encoding` caches it). On 2 cores, stdlib corpus, a
-32k byte-level BPE trained locally, tiktoken encodes ~2-3x the tokens per
-second of ``encode_batch_fast`` on one thread (benchmarks/tokenizer_speed.py,
-RESULTS.md "tokenizer speed").
+Trade-off: the choice costs 0.3-0.45 s at 32k ids (0.03 s for the 4k demo
+tokenizer): conversion, the vocabulary check and the sample, once in the main
+process. Workers receive the verdict with the serialized tokenizer and rebuild
+the Encoding from it without checks, ~0.1 s once per process (`encoding`
+caches it). In return, on 2 cores (stdlib corpus, byte-level BPEs of 32k ids
+trained locally, benchmarks/tokenizer_speed.py, RESULTS.md "tokenizer speed"):
+3.0-3.1x the tokens per second of ``encode_batch_fast`` on one thread, and
+3.5-4.1x the tokens per second from ``pretrain`` with 2 workers.
 """
 
 from __future__ import annotations
