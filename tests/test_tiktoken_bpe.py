@@ -129,6 +129,9 @@ def test_the_engine_does_not_change_the_fingerprint(trained, monkeypatch):
     slow = load_encoder(trained["gpt2"])
     assert (fast.engine, slow.engine) == ("tiktoken", "tokenizers")
     assert fast.fingerprint == slow.fingerprint  # a state saved on one engine resumes on the other
+    monkeypatch.delenv(tiktoken_bpe.ENV_SWITCH)
+    from_object = load_encoder(Tokenizer.from_file(trained["gpt2"]))
+    assert from_object.engine == "tiktoken" and from_object.fingerprint == fast.fingerprint
 
 
 def test_a_lone_surrogate_is_refused_by_both_engines(trained):
