@@ -13,6 +13,14 @@ State is a position, not the encoded batch: the upstream state taken just before
 the batch was read, plus how many documents of the batch were handed out. A
 restore re-reads and re-encodes that one batch (at most ``batch_docs``
 documents) and skips what was already emitted.
+
+A document read from a token cache (pipes/sources/cache.py) arrives as
+`Pretokenized` ids instead of text: it is not encoded, only given its BOS/EOS,
+so it becomes the very array encoding its text would give. Its ``len()`` is its
+text's length in characters, so batches are cut where they would be for the text
+and the state is the same position with or without a cache. The state also
+counts the documents encoded from text (``encoded``: all of them without a
+cache; with one, those of units missing from it), as of the batch start.
 """
 
 from __future__ import annotations
@@ -26,10 +34,24 @@ from .items import Doc, TokenDoc
 from .tokenizer import Encoder
 
 
+class Pretokenized:
+    """A document's token ids (no BOS/EOS) in place of its text, and the text's length in
+    characters (its ``len()``, what `Tokenize` counts toward ``batch_chars``)."""
+
+    __slots__ = ("ids", "chars")
+
+    def __init__(self, ids: np.ndarray, chars: int):
+        self.ids, self.chars = ids, chars
+
+    def __len__(self) -> int:
+        return self.chars
+
+
 class Tokenize(Node[TokenDoc]):
     PARENT = "parent"
     EMITTED = "emitted"
-    STATE_KEYS = (PARENT, EMITTED)
+    ENCODED = "encoded"
+    STATE_KEYS = (PARENT, EMITTED, ENCODED)
 
     def __init__(self, parent: Node[Doc], encoder: Encoder, *, bos: Optional[int], eos: Optional[int] = None,
                  batch_docs: int = 64, batch_chars: int = 32_768):
@@ -42,16 +64,21 @@ class Tokenize(Node[TokenDoc]):
         self._out: List[TokenDoc] = []
         self._emitted = 0
         self._skip = 0
+        self._encoded = 0  # documents encoded from text so far
+        self._encoded_before = 0  # ... before the current batch
 
     def reset(self, initial_state: Optional[Dict[str, Any]] = None) -> None:
         self._out, self._emitted = [], 0
         if initial_state is None:
             self.parent.reset(None)
             self._batch_state, self._skip = None, 0
+            self._encoded = 0
         else:
             self._batch_state = initial_state[self.PARENT]
             self.parent.reset(self._batch_state)
             self._skip = int(initial_state[self.EMITTED])
+            self._encoded = int(initial_state[self.ENCODED])
+        self._encoded_before = self._encoded
 
     def _fill(self) -> None:
         self._batch_state = self.parent.state_dict()
@@ -67,11 +94,14 @@ class Tokenize(Node[TokenDoc]):
             chars += len(doc.text)
         if not docs:
             raise StopIteration
-        ids = self.encoder.encode_batch([d.text for d in docs])
+        texts = [d.text for d in docs if not isinstance(d.text, Pretokenized)]
+        encoded = iter(self.encoder.encode_batch(texts) if texts else ())
+        self._encoded_before, self._encoded = self._encoded, self._encoded + len(texts)
         head = 0 if self.bos is None else 1
         tail = 0 if self.eos is None else 1
         out = []
-        for d, t in zip(docs, ids):
+        for d in docs:
+            t = d.text.ids if isinstance(d.text, Pretokenized) else next(encoded)
             arr = np.empty(len(t) + head + tail, dtype=np.int32)
             if head:
                 arr[0] = self.bos
@@ -99,9 +129,19 @@ class Tokenize(Node[TokenDoc]):
             self._fill()
         return self._out[self._emitted:]
 
+    @property
+    def encoded(self) -> int:
+        """Documents encoded from text so far (restored with the state); recipes show it per
+        source as ``tokenized`` in ``loader.stats()``."""
+        return self._encoded
+
+    def carry_encoded(self, encoded: int) -> None:
+        """Continue the encoded count of an elastic resume (elastic.py)."""
+        self._encoded = self._encoded_before = int(encoded)
+
     def get_state(self) -> Dict[str, Any]:
         if self._emitted >= len(self._out):
             # At a batch boundary the next batch starts where the parent stands now.
             return {self.PARENT: self.parent.state_dict() if not self._skip else self._batch_state,
-                    self.EMITTED: self._skip}
-        return {self.PARENT: self._batch_state, self.EMITTED: self._emitted}
+                    self.EMITTED: self._skip, self.ENCODED: self._encoded}
+        return {self.PARENT: self._batch_state, self.EMITTED: self._emitted, self.ENCODED: self._encoded_before}

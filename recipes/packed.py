@@ -31,6 +31,7 @@ from tokenloom.pipes.pack.bestfit import BestFitPack
 from tokenloom.pipes.pack.flat import FlatPack
 from tokenloom.pipes.pack.stats import PACK_STAT_KEYS
 from tokenloom.pipes.loader.rank_sync import RankSync, gloo_sync_from_dist
+from tokenloom.pipes.sources.cache import attach_cache
 from tokenloom.pipes.sources.readers import SourcePlan, plan_source
 from tokenloom.pipes.schedule import StepClock, Weights, normalize_schedule
 from tokenloom.pipes.shard import ShardUnits, check_shardable
@@ -47,6 +48,8 @@ PREFETCH_BATCHES = (8, 64)
 #: Per source: delivered tokens and documents, passes, and rows its reader skipped (null text,
 #: bad jsonl lines under on_error="skip"), counted when read.
 SOURCE_STAT_KEYS = ("tokens", "documents", "epochs", "skipped")
+#: pretrain, per source: documents encoded from text when read (the rest came from a token cache).
+TOKENIZED = "tokenized"
 
 
 def default_prefetch_factor(batch_size: int, seq_len: int) -> int:
@@ -87,7 +90,9 @@ def dist_rank_world(rank: Optional[int], world_size: Optional[int]) -> tuple:
 
 def stat_keys(names: Sequence[str], chat: bool = False) -> List[str]:
     keys = list(PACK_STAT_KEYS) + [f"source/{n}/{k}" for n in names for k in SOURCE_STAT_KEYS]
-    return keys + [f"conversations/{k}" for k in RenderChat.COUNT_KEYS] if chat else keys
+    if chat:
+        return keys + [f"conversations/{k}" for k in RenderChat.COUNT_KEYS]
+    return keys + [f"source/{n}/{TOKENIZED}" for n in names]
 
 
 def describe_template(template: Any) -> str:
@@ -217,6 +222,9 @@ class PackedStatsView:
             }
             for n in self.names
         }
+        for n in self.names:
+            if f"source/{n}/{TOKENIZED}" in flat:
+                out["sources"][n][TOKENIZED] = flat[f"source/{n}/{TOKENIZED}"]
         out["progress"] = (self._progress(current, passes, step, ended) if current is not None
                            else {"fraction": None, "batches_left": None})
         return out
@@ -299,6 +307,8 @@ class PackedGraph:
             if renderers:
                 per = [r.counts() for r in renderers]
                 out += [sum(c[k] for c in per) for k in RenderChat.COUNT_KEYS]
+            else:
+                out += [branches[n].encoded for n in names]
             return out
 
         return WithStats(batch, counters=counters, keys=stat_keys(names, bool(renderers)), worker=ctx.worker)
@@ -349,6 +359,8 @@ def packed_loader(
     manifest: Union[str, Mapping[str, str], None] = None,
     predict_bos: bool = True,
     pad: Union[str, int, None] = None,
+    cache: Any = None,
+    cache_strict: bool = False,
     loader_kwargs: Mapping[str, Any],
 ) -> TokenLoomLoader:
     """The shared body of `pretrain` and `sft` (``chat`` set: conversations)."""
@@ -401,6 +413,11 @@ def packed_loader(
     end_label = bos_id if predict_bos else IGNORE_INDEX
     if end_label is None:
         raise ValueError("predict_bos=True needs a BOS token to predict; pass bos= or predict_bos=False")
+    if cache is not None:
+        # Same units, same positions: the configuration (what a resume must match) does not change.
+        plans = attach_cache(plans, cache, encoder, strict=cache_strict)
+    elif cache_strict:
+        raise ValueError("cache_strict=True needs cache= (the directory `tokenloom tokenize --out` wrote)")
 
     graph = PackedGraph(plans, encoder, bos_id, eos_id, seq_len, batch_size, packing, buffer_size, seed, epochs,
                         pad_id, weights, mix, weights_unit, stop, cycle_exhausted, pattern, burst, chat,

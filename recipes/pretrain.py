@@ -43,6 +43,8 @@ def pretrain(
     manifest: Union[str, Mapping[str, str], None] = None,
     predict_bos: bool = True,
     pad: Union[str, int, None] = None,
+    cache: Any = None,
+    cache_strict: bool = False,
     **loader_kwargs: Any,
 ) -> TokenLoomLoader:
     """Build a loader of packed pretraining batches (see the README for every parameter).
@@ -60,6 +62,10 @@ def pretrain(
     GPT/nanochat style: the model learns where documents end) or -100 (False: nothing is
     trained across a document boundary), the same in every packing mode. ``pad``: the
     token string or id of padding ``input_ids`` (default: the BOS id).
+    ``cache``: the directory (path or URI) ``tokenloom tokenize --out`` wrote, or ``{name: directory}``:
+    token ids are read from it instead of text, giving bitwise the same batches and states that load
+    either way; a unit it lacks is tokenized (``stats()["sources"][name]["tokenized"]``), or refused
+    with ``cache_strict=True``.
     """
     return packed_loader(
         sources, tokenizer, seq_len=seq_len, batch_size=batch_size, bos=bos, weights=weights, packing=packing,
@@ -67,4 +73,4 @@ def pretrain(
         world_size=world_size, text_column=text_column, eos=eos, mix=mix, weights_unit=weights_unit, stop=stop,
         cycle_exhausted=cycle_exhausted, pattern=pattern, burst=burst, text_mode=text_mode, rank_sync=rank_sync,
         manifest=manifest, predict_bos=predict_bos, pad=pad,
-        loader_kwargs=loader_kwargs)
+        cache=cache, cache_strict=cache_strict, loader_kwargs=loader_kwargs)

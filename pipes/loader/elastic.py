@@ -152,6 +152,9 @@ def counters_of(nodes: Sequence[Any]) -> Dict[str, Any]:
     chats = [n for n in nodes if type(n).__name__ == "RenderChat"]
     if chats:
         out["chat"] = {getattr(c.parent, "source", str(i)): c.counts() for i, c in enumerate(chats)}
+    encoders = [n for n in nodes if type(n).__name__ == "Tokenize"]
+    if encoders:  # documents encoded from text (the rest came from a token cache)
+        out["encoded"] = {getattr(t.parent, "source", str(i)): t.encoded for i, t in enumerate(encoders)}
     return out
 
 
@@ -254,6 +257,8 @@ def _carry(old: List[OldShard], names: Sequence[str], shares: Sequence[float]) -
         }
     if "chat" in first:
         carry["chat"] = {n: {k: total(("chat", n, k)) for k in first["chat"][n]} for n in first["chat"]}
+    if "encoded" in first:  # the documents in flight are encoded again: real work, counted again
+        carry["encoded"] = {n: total(("encoded", n)) for n in first["encoded"]}
     return carry
 
 
@@ -283,6 +288,8 @@ def apply_carry(root: Any, carry: Mapping[str, Any]) -> None:
             node.carry_counters(carry["mix"])
         elif kind == "reader" and hasattr(node, "carry_skipped"):
             node.carry_skipped(carry["skipped"].get(node.source, 0))
+        elif type(node).__name__ == "Tokenize" and "encoded" in carry:
+            node.carry_encoded(carry["encoded"].get(getattr(node.parent, "source", ""), 0))
         elif type(node).__name__ == "RenderChat" and "chat" in carry:
             counts = carry["chat"].get(getattr(node.parent, "source", ""))
             if counts is not None:

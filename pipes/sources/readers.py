@@ -79,15 +79,17 @@ class SourcePlan:
         """What a resume must match (fingerprint.py); the listed files carry the content keys."""
         return source_fingerprint(self.fmt, self.units.files)
 
-    def reader(self, shard: ShardUnits, *, seed: int) -> Node[Doc]:
+    def reader(self, shard: ShardUnits, *, seed: int, shuffle_rows: bool = True) -> Node[Doc]:
+        """The reader of this source's documents; ``shuffle_rows=False`` reads a unit's rows in
+        file order (what a token cache is built from, cache.py)."""
+        kw = dict(source=self.name, seed=seed, shuffle_rows=shuffle_rows)
         if self.fmt == HF:
-            return ReadArrow(shard, self.units, column=self.column, source=self.name, seed=seed)
+            return ReadArrow(shard, self.units, column=self.column, **kw)
         if self.fmt == "parquet":
-            return ReadParquet(shard, self.units, column=self.column, source=self.name, seed=seed)
+            return ReadParquet(shard, self.units, column=self.column, **kw)
         if self.fmt == "jsonl":
-            return ReadJsonl(shard, self.units, field=self.column, source=self.name, seed=seed,
-                             require_type=self.require_type)
-        return ReadText(shard, self.units, source=self.name, seed=seed)
+            return ReadJsonl(shard, self.units, field=self.column, require_type=self.require_type, **kw)
+        return ReadText(shard, self.units, **kw)
 
 
 def _format_of(spec: str) -> Optional[str]:

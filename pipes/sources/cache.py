@@ -1,0 +1,317 @@
+"""Read a source's token ids from a cache instead of its text: ``pretrain(..., cache=DIR)``.
+
+The cache (cache_format.py, built by cache_build.py or ``tokenloom tokenize``) is a
+second copy of every work unit of the source, holding token ids instead of text:
+the same units, the same rows per unit in the same order, null where the text is
+null. So nothing else in the graph changes: the sharder emits the same slices, and
+`ReadCached` walks them with the same position logic as the text readers
+(`UnitCursor`, whose state is the one `ReadParquet`, `ReadJsonl` and `ReadText` save:
+``parent``, ``row``, and ``skipped`` where they count it), handing `Tokenize` a
+`Pretokenized` (ids and the text's length in characters) in place of the text.
+`Tokenize` only adds BOS/EOS to it, so the batches are bitwise those of tokenizing
+on the fly, and a state saved by either loads into the other. The loader's
+configuration (what a resume must match) does not mention the cache.
+
+Checked when the loader is built, in the calling process: the cache must have been
+built with this tokenizer (by fingerprint) from these files (per file: size, content
+key, and the rows of its units); otherwise it is refused, naming the tokenizer or
+the files that changed. A unit the cache lacks (a partial build, a file added since)
+is read from its text and tokenized by the same reader the cache was built with:
+counted per source in ``loader.stats()["sources"][name]["tokenized"]`` (documents
+encoded from text), or refused up front with ``cache_strict=True``.
+
+Cost: a unit is one parquet row group read (zstd, ~2 bytes a token) and per
+document a slice of one numpy array, instead of UTF-8 decoding and encoding.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from collections import OrderedDict
+from dataclasses import dataclass, fields
+from typing import Any, Dict, List, Mapping, Optional, Union
+
+import numpy as np
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from ..base import Node
+from ..items import Doc
+from ..shard import ShardUnits, WorkSlice
+from ..tokenize import Pretokenized
+from ..tokenizer import Encoder
+from .cache_build import build_cache  # noqa: F401  (the Python entry of `tokenloom tokenize`)
+from .cache_format import (K_CACHE, K_CACHE_BYTES, K_KEY, K_SIZE, K_TOKENIZER, K_UNITS, TOKENS_DIR, UnitTexts,
+                           dtype_for, file_entry, file_units, header, header_conflict, matches, merged_files, open_root,
+                           read_parts, source_dir)
+from .readers import SourcePlan
+from .text_files import UnitCursor
+
+log = logging.getLogger(__name__)
+
+CacheSpec = Union[str, os.PathLike, Mapping[str, Union[str, os.PathLike]]]
+
+#: Changed files named in one message at most.
+SHOWN = 6
+
+
+@dataclass
+class UnitCache:
+    """Where each unit of one source sits in its cache: unit ``u`` is row group ``group[u]``
+    of ``paths[file[u]]`` (on ``fs``), or not cached when ``file[u]`` is -1. Picklable: it
+    travels to the loader workers with the source's plan."""
+
+    fs: pafs.FileSystem
+    shown: str
+    paths: List[str]
+    sizes: List[int]
+    file: np.ndarray
+    group: np.ndarray
+
+
+@dataclass
+class CachedPlan(SourcePlan):
+    """A `SourcePlan` whose reader takes ids from a cache (rows in file order still read text:
+    that is what the cache is built from, and the fallback for a unit it lacks)."""
+
+    cache: Optional[UnitCache] = None
+
+    def reader(self, shard: ShardUnits, *, seed: int, shuffle_rows: bool = True) -> Node[Doc]:
+        if not shuffle_rows or self.cache is None:
+            return super().reader(shard, seed=seed, shuffle_rows=shuffle_rows)
+        cls = ReadCachedText if self.fmt == "txt" else ReadCached
+        return cls(shard, self, self.cache, seed=seed)
+
+
+class ReadCached(Node[Doc]):
+    """Reads the documents of the slices a `ShardUnits` node emits from a token cache, as
+    `Pretokenized` ids; a unit the cache lacks is read as text (see the module docstring).
+    Null rows are skipped and counted, as the text readers do."""
+
+    PARENT = "parent"
+    ROW = "row"
+    SKIPPED = "skipped"
+    STATE_KEYS = (PARENT, ROW, SKIPPED)
+
+    #: Open cache files kept per worker; reopening costs a footer read.
+    OPEN_FILES = 8
+
+    def __init__(self, parent: ShardUnits, plan: SourcePlan, cache: UnitCache, *, seed: int = 0):
+        super().__init__()
+        self.plan, self.units, self.cache, self.source = plan, plan.units, cache, plan.name
+        self._cursor = UnitCursor(parent, self._load, seed=seed, shuffle_rows=True)
+        self._open: "OrderedDict[int, pq.ParquetFile]" = OrderedDict()
+        self._texts: Optional[UnitTexts] = None  # made for the first unit the cache lacks
+        self._unit = -1  # the unit loaded: the same unit again (a restore, an elastic prefix) is not re-read
+        self._values = np.empty(0, np.uint16)
+        self._offsets: List[int] = []
+        self._chars: List[int] = []
+        self._valid: Optional[np.ndarray] = None
+        self._docs: Optional[List[Optional[str]]] = None  # the unit's texts when it is not cached
+        self._skipped = 0
+        self._warned = False
+
+    def reset(self, initial_state: Optional[Dict[str, Any]] = None) -> None:
+        if initial_state is None:
+            self._cursor.reset(None, 0)
+            self._skipped = 0
+        else:
+            self._cursor.reset(initial_state[self.PARENT], initial_state[self.ROW])
+            self._skipped = int(initial_state.get(self.SKIPPED, 0))
+
+    def _file(self, k: int) -> pq.ParquetFile:
+        pf = self._open.get(k)
+        if pf is None:
+            c = self.cache
+            handle = c.fs.open_input_file(c.paths[k])
+            if handle.size() != c.sizes[k]:
+                handle.close()
+                raise RuntimeError(f"cache file {c.paths[k]} is {handle.size()} bytes, its manifest says {c.sizes[k]}: "
+                                   "it changed after the loader was built; rebuild the loader")
+            pf = self._open[k] = pq.ParquetFile(handle)
+            if len(self._open) > self.OPEN_FILES:
+                self._open.popitem(last=False)
+        else:
+            self._open.move_to_end(k)
+        return pf
+
+    def _load(self, s: WorkSlice) -> int:
+        u = s.unit
+        n = int(self.units.rows[u])
+        if u == self._unit:
+            return n
+        k = int(self.cache.file[u])
+        if k < 0:
+            if self._texts is None:
+                self._texts = UnitTexts(self.plan)
+            self._docs = self._texts(u)
+        else:
+            self._docs = None
+            path, g = self.cache.paths[k], int(self.cache.group[u])
+            try:
+                table = self._file(k).read_row_group(g)
+            except RuntimeError:
+                raise
+            except Exception as e:
+                raise RuntimeError(f"cannot read cache file {path}, row group {g} (unit {u}, {self.units.where(u)}): "
+                                   f"{e}; rebuild the cache (tokenloom tokenize) or load without cache=") from e
+            if table.num_rows != n:
+                raise RuntimeError(f"cache file {path}, row group {g} has {table.num_rows} rows, unit {u} "
+                                   f"({self.units.where(u)}) has {n}: the cache is not of these files; rebuild it")
+            ids = table.column(0).combine_chunks()
+            self._values = ids.values.to_numpy(zero_copy_only=False)
+            self._offsets = ids.offsets.to_numpy().tolist()
+            self._valid = None if ids.null_count == 0 else ids.is_valid().to_numpy(zero_copy_only=False)
+            self._chars = table.column(1).to_numpy().tolist()
+        self._unit = u
+        return n
+
+    def _skip(self, u: int, row: int) -> None:
+        self._skipped += 1
+        if not self._warned:
+            self._warned = True
+            log.warning("skipping null text at %s (further nulls are counted, not logged)", self.units.where(u, row))
+
+    def next(self) -> Doc:
+        while True:
+            s, row = self._cursor.next()
+            if self._docs is None:
+                if self._valid is not None and not self._valid[row]:
+                    self._skip(s.unit, row)
+                    continue
+                text: Any = Pretokenized(self._values[self._offsets[row]:self._offsets[row + 1]], self._chars[row])
+            else:
+                text = self._docs[row]
+                if text is None:
+                    self._skip(s.unit, row)
+                    continue
+            return Doc(text, self.source, s.unit, row, s.epoch, self._cursor.last_pos(), s.used)
+
+    @property
+    def skipped(self) -> int:
+        """Rows skipped so far (restored with the state), as the text readers count them."""
+        return self._skipped
+
+    def carry_skipped(self, skipped: int) -> None:
+        """Continue the skipped count of an elastic resume (elastic.py)."""
+        self._skipped = int(skipped)
+
+    def unread(self, upto_epoch: int) -> List[WorkSlice]:
+        return self._cursor.unread(upto_epoch)
+
+    def next_epoch(self) -> int:
+        return self._cursor.next_epoch()
+
+    def get_state(self) -> Dict[str, Any]:
+        parent, row = self._cursor.position()
+        return {self.PARENT: parent, self.ROW: row, self.SKIPPED: self._skipped}
+
+
+class ReadCachedText(ReadCached):
+    """`ReadCached` for text-file sources: `ReadText`'s state (it never skips a row)."""
+
+    STATE_KEYS = (ReadCached.PARENT, ReadCached.ROW)
+
+    def reset(self, initial_state: Optional[Dict[str, Any]] = None) -> None:
+        ReadCached.reset.__wrapped__(self, initial_state)  # the keys were checked against this class's
+
+    def get_state(self) -> Dict[str, Any]:
+        parent, row = self._cursor.position()
+        return {self.PARENT: parent, self.ROW: row}
+
+
+# --- attaching a cache to a loader's sources -----------------------------------------------
+
+def _roots(cache: CacheSpec, names: List[str]) -> Dict[str, str]:
+    if isinstance(cache, Mapping):
+        unknown = sorted(set(cache) - set(names))
+        if unknown:
+            raise ValueError(f"cache= names unknown sources {unknown}; the sources are {names}")
+        return {n: os.fspath(d) for n, d in cache.items()}
+    if not isinstance(cache, (str, os.PathLike)):
+        raise ValueError(f"cache={cache!r:.80} must be the directory `tokenloom tokenize --out` wrote (a path or URI), "
+                         "or {source name: directory}")
+    return {n: os.fspath(cache) for n in names}
+
+
+def _change(name: str, old: Dict[str, Any], new: Dict[str, Any]) -> str:
+    if old.get(K_SIZE) != new[K_SIZE]:
+        return f"{name} resized ({old.get(K_SIZE):,} -> {new[K_SIZE]:,} bytes)"
+    if old.get(K_KEY) != new[K_KEY]:
+        return f"{name} rewritten (same size, another parquet footer)"
+    return f"{name} listed as other units now ({len(old.get(K_UNITS, []))} units then, {len(new[K_UNITS])} now)"
+
+
+def _attach_one(plan: SourcePlan, spec: str, encoder: Encoder, strict: bool) -> SourcePlan:
+    fs, root, shown = open_root(spec)
+    folder = source_dir(root, plan.name)
+    where = f"{shown}/{plan.name}"
+    build = f"tokenloom tokenize {plan.name}=<its files> --tokenizer <tokenizer> --out {shown}"
+    parts = read_parts(fs, folder, where)
+    if not parts:
+        if strict:
+            raise ValueError(f"cache_strict=True, but {where} holds no token cache of source {plan.name!r} (no "
+                             f"manifest-*.json): build it with `{build}` (the same source names as the loader's)")
+        warnings.warn(f"source {plan.name!r}: {where} holds no token cache (no manifest-*.json), so every document is "
+                      f"tokenized on the fly; build it with `{build}`", stacklevel=4)
+        return plan
+    want = header(plan, encoder.fingerprint, dtype_for(encoder.vocab_size))
+    conflict = header_conflict(parts, want)
+    if conflict is not None:
+        key, value = conflict
+        if key == K_TOKENIZER:
+            raise ValueError(f"the token cache {where} was built with another tokenizer (fingerprint {value}); this "
+                             f"loader's tokenizer is {want[key]} ({encoder.origin or 'as given'}): pass the tokenizer "
+                             f"the cache was built with, or build a cache for this one (`{build}`, another --out)")
+        raise ValueError(f"the token cache {where} was built with {key} {value!r}, this loader reads {want[key]!r}: "
+                         f"build one for these settings (`{build}`, another --out), or leave cache= out")
+    entries = merged_files(parts)
+    infos = fs.get_file_info(pafs.FileSelector(f"{folder}/{TOKENS_DIR}", allow_not_found=True))
+    present = {f"{TOKENS_DIR}/{os.path.basename(i.path)}": int(i.size) for i in infos if i.type == pafs.FileType.File}
+    n_units = len(plan.units.rows)
+    file_of, group_of = np.full(n_units, -1, np.int32), np.zeros(n_units, np.int32)
+    paths: List[str] = []
+    sizes: List[int] = []
+    changed: List[str] = []
+    missing: List[str] = []
+    for i, units in sorted(file_units(plan).items()):
+        f = plan.units.files[i]
+        wanted = file_entry(plan, i, units)
+        found = entries.get(f.name, [])
+        entry = next((e for e in found if matches(e, wanted)), None)
+        if entry is None:
+            (changed.append(_change(f.name, found[-1], wanted)) if found else missing.append(f.name))
+            continue
+        if present.get(entry[K_CACHE]) != entry.get(K_CACHE_BYTES):
+            missing.append(f"{f.name} (its cache file {entry[K_CACHE]} is gone or of another size)")
+            continue
+        file_of[units] = len(paths)
+        group_of[units] = np.arange(len(units))
+        paths.append(f"{folder}/{entry[K_CACHE]}")
+        sizes.append(int(entry[K_CACHE_BYTES]))
+    if changed:
+        more = f"; and {len(changed) - SHOWN} more" if len(changed) > SHOWN else ""
+        raise ValueError(f"source {plan.name!r}: the token cache {where} was built from other contents of "
+                         f"{'; '.join(changed[:SHOWN])}{more}. Build it again (`{build}`: only the changed files are "
+                         "redone), or leave cache= out")
+    if missing:
+        rows = int(plan.units.rows[file_of < 0].sum())
+        what = (f"{len(missing)} of {len(plan.units.files)} files ({rows:,} of {plan.total_rows:,} rows) are not in "
+                f"the token cache {where}: {'; '.join(missing[:SHOWN])}{' ...' if len(missing) > SHOWN else ''}")
+        if strict:
+            raise ValueError(f"source {plan.name!r}: cache_strict=True, but {what}. Finish the cache (`{build}` "
+                             "resumes where it stopped), or pass cache_strict=False to tokenize them on the fly")
+        warnings.warn(f"source {plan.name!r}: {what}; they are tokenized on the fly (counted in "
+                      f"loader.stats()['sources'][{plan.name!r}]['tokenized'])", stacklevel=4)
+    values = {f.name: getattr(plan, f.name) for f in fields(SourcePlan)}
+    return CachedPlan(**values, cache=UnitCache(fs, where, paths, sizes, file_of, group_of))
+
+
+def attach_cache(plans: List[SourcePlan], cache: CacheSpec, encoder: Encoder, *, strict: bool = False) -> List[SourcePlan]:
+    """``plans`` with readers that take ids from ``cache`` (a directory holding one folder per
+    source name, or ``{name: directory}`` for some sources), checked against the tokenizer and
+    the files; see the module docstring."""
+    roots = _roots(cache, [p.name for p in plans])
+    return [_attach_one(p, roots[p.name], encoder, strict) if p.name in roots else p for p in plans]

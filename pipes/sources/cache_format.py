@@ -1,0 +1,217 @@
+"""The token cache on disk: where its files go, its manifest, and a unit's documents in file order.
+
+A cache is a directory (local or any ``pyarrow.fs`` URI) with one folder per source
+name, ``<cache>/<source>/``, holding:
+
+- ``tokens/<id>.parquet``: one file per source file, one row group per work unit of
+  that file (in the listing's order), one row per row of the unit (file order), with
+  two columns: ``ids`` (``list<uint16>`` when the vocabulary fits, else
+  ``list<uint32>``; null where the reader skips the row: a null text) and ``chars``
+  (``uint32``, the text's length in characters). zstd-compressed. ``<id>`` hashes the
+  source file's name, size and content key, so a rewritten file gets a new cache file.
+- ``manifest-<rank>-of-<world>.json``: what one builder finished: the tokenizer's
+  fingerprint, the source's format, column and text mode, and per source file its
+  size, content key, the rows of each of its units and its cache file. Each builder
+  (a rank of a cluster job) writes only its own, so ranks never race on one file;
+  readers merge them all.
+
+Ids are raw: no BOS/EOS (the loader adds them, so one cache serves any ``bos=``/``eos=``).
+Nothing is half-written: a cache file and a manifest are written under a temporary
+name and then moved into place, and a cache file counts only once a manifest lists it.
+
+The documents of a unit are read by the source's own reader (`SourcePlan.reader` with
+rows in file order), so the cache holds what tokenizing on the fly reads, nulls and
+skipped rows included; the loader's fallback for a unit missing from the cache reads
+through the same function.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import uuid
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+from ..base import Node
+from ..shard import WorkSlice
+from .files import SourceFile, _redact
+from .readers import SourcePlan
+
+FORMAT, VERSION = "tokenloom.cache", 1
+TOKENS_DIR = "tokens"
+IDS, CHARS = "ids", "chars"
+_PART = re.compile(r"^manifest-(\d+)-of-(\d+)\.json$")
+_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.=-]*$")
+
+# Manifest keys: the header every part of a source shares, then the per-file entries.
+K_FORMAT, K_VERSION, K_SOURCE, K_FILES = "format", "version", "source", "files"
+K_SOURCE_FORMAT, K_COLUMN, K_TEXT_MODE, K_TOKENIZER, K_DTYPE = "source_format", "column", "text_mode", "tokenizer", "dtype"
+HEADER = (K_SOURCE_FORMAT, K_COLUMN, K_TEXT_MODE, K_TOKENIZER, K_DTYPE)
+K_SIZE, K_KEY, K_UNITS, K_CACHE, K_CACHE_BYTES, K_DOCUMENTS, K_TOKENS = (
+    "size", "key", "units", "cache", "cache_bytes", "documents", "tokens")
+
+
+def open_root(spec: str) -> Tuple[pafs.FileSystem, str, str]:
+    """(filesystem, path on it, how to show it) of a cache directory given as a path or URI."""
+    spec = os.fspath(spec)
+    if "://" in spec:
+        fs, path = pafs.FileSystem.from_uri(spec)
+        return fs, path.rstrip("/"), _redact(spec.split("?", 1)[0], spec)
+    path = os.path.abspath(os.path.expanduser(spec))
+    return pafs.LocalFileSystem(), path, path
+
+
+def source_dir(root: str, name: str) -> str:
+    if not _NAME.match(name):
+        raise ValueError(f"source name {name!r} cannot name a cache folder; use letters, digits, '_', '.', '-'")
+    return f"{root}/{name}"
+
+
+def dtype_for(vocab_size: int) -> str:
+    return "uint16" if vocab_size <= 1 << 16 else "uint32"
+
+
+def schema(dtype: str, meta: Dict[str, str]) -> pa.Schema:
+    return pa.schema([(IDS, pa.list_(pa.from_numpy_dtype(np.dtype(dtype)))), (CHARS, pa.uint32())], metadata=meta)
+
+
+def header(plan: SourcePlan, tokenizer: str, dtype: str) -> Dict[str, Any]:
+    """What every part of a source's manifest must agree on (only what the format reads)."""
+    return {K_SOURCE_FORMAT: plan.fmt, K_COLUMN: plan.column if plan.fmt != "txt" else None,
+            K_TEXT_MODE: plan.text_mode if plan.fmt == "txt" else None, K_TOKENIZER: tokenizer, K_DTYPE: dtype}
+
+
+def cache_name(f: SourceFile) -> str:
+    """The cache file of source file ``f``, relative to the source's folder."""
+    digest = hashlib.sha256(f"{f.name}\0{f.size}\0{f.key}".encode("utf-8", "surrogateescape")).hexdigest()[:20]
+    return f"{TOKENS_DIR}/{digest}.parquet"
+
+
+def file_units(plan: SourcePlan) -> Dict[int, np.ndarray]:
+    """Per file index, its units in listing order (the cache's row groups, in that order)."""
+    file_of = np.asarray(plan.units.file)
+    order = np.argsort(file_of, kind="stable")
+    starts = np.flatnonzero(np.r_[True, file_of[order][1:] != file_of[order][:-1]]) if len(order) else []
+    out: Dict[int, np.ndarray] = {}
+    for a, b in zip(list(starts), list(starts[1:]) + [len(order)]):
+        out[int(file_of[order[a]])] = order[a:b]
+    return out
+
+
+def file_entry(plan: SourcePlan, i: int, units: np.ndarray) -> Dict[str, Any]:
+    """The manifest's record of file ``i`` before its cache is written (what a match needs)."""
+    f = plan.units.files[i]
+    return {K_SIZE: int(f.size), K_KEY: f.key, K_UNITS: [int(plan.units.rows[u]) for u in units],
+            K_CACHE: cache_name(f)}
+
+
+def matches(entry: Dict[str, Any], want: Dict[str, Any]) -> bool:
+    return all(entry.get(k) == want[k] for k in (K_SIZE, K_KEY, K_UNITS, K_CACHE))
+
+
+# --- manifests -----------------------------------------------------------------------
+
+def part_name(rank: int, world_size: int) -> str:
+    return f"manifest-{rank:05d}-of-{world_size:05d}.json"
+
+
+def read_parts(fs: pafs.FileSystem, folder: str, shown: str) -> List[Dict[str, Any]]:
+    """Every manifest part in ``folder`` (none: nothing was finished there)."""
+    infos = fs.get_file_info(pafs.FileSelector(folder, allow_not_found=True))
+    parts = []
+    for info in sorted(infos, key=lambda i: i.path):
+        if info.type != pafs.FileType.File or not _PART.match(os.path.basename(info.path)):
+            continue
+        with fs.open_input_stream(info.path) as stream:
+            raw = stream.read()
+        try:
+            doc = json.loads(raw)
+        except ValueError as e:
+            raise ValueError(f"{shown}/{os.path.basename(info.path)} is not valid JSON ({e}); delete it and build the "
+                             "cache again (the files it listed are rebuilt)") from e
+        if not isinstance(doc, dict) or doc.get(K_FORMAT) != FORMAT or doc.get(K_VERSION) != VERSION:
+            raise ValueError(f"{shown}/{os.path.basename(info.path)} is not a {FORMAT} manifest of version {VERSION} "
+                             f"(format {doc.get(K_FORMAT) if isinstance(doc, dict) else None!r}); build the cache again "
+                             "with this tokenloom into an empty directory")
+        parts.append(doc)
+    return parts
+
+
+def merged_files(parts: List[Dict[str, Any]]) -> Dict[str, List[Dict[str, Any]]]:
+    """Per source file name, every entry the parts hold (a file rebuilt after a change has several)."""
+    out: Dict[str, List[Dict[str, Any]]] = {}
+    for part in parts:
+        for name, entry in part[K_FILES].items():
+            out.setdefault(name, []).append(entry)
+    return out
+
+
+def header_conflict(parts: List[Dict[str, Any]], want: Dict[str, Any]) -> Optional[Tuple[str, Any]]:
+    """The first header key (and its value in the cache) on which a part differs from ``want``."""
+    for part in parts:
+        for k in HEADER:
+            if part.get(k) != want[k]:
+                return k, part.get(k)
+    return None
+
+
+def write_atomic(fs: pafs.FileSystem, path: str, data: bytes) -> None:
+    """``data`` to ``path``, written aside then moved, so no reader sees half of it."""
+    tmp = f"{path}.tmp-{uuid.uuid4().hex[:12]}"
+    with fs.open_output_stream(tmp) as stream:
+        stream.write(data)
+    fs.move(tmp, path)
+
+
+# --- a unit's documents ----------------------------------------------------------------
+
+class _OneSlice(Node[WorkSlice]):
+    """A sharder stand-in that emits one slice: the whole of a unit."""
+
+    GIVEN = "given"
+    STATE_KEYS = (GIVEN,)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.slice: Optional[WorkSlice] = None
+        self._given = False
+
+    def reset(self, initial_state: Optional[Dict[str, Any]] = None) -> None:
+        self._given = False if initial_state is None else bool(initial_state[self.GIVEN])
+
+    def next(self) -> WorkSlice:
+        if self._given or self.slice is None:
+            raise StopIteration
+        self._given = True
+        return self.slice
+
+    def get_state(self) -> Dict[str, Any]:
+        return {self.GIVEN: self._given}
+
+
+class UnitTexts:
+    """``texts(u)``: the documents of unit ``u`` in file order, None where the source's reader
+    skips the row (a null text), read by that very reader with rows in file order."""
+
+    def __init__(self, plan: SourcePlan):
+        self.plan = plan
+        self._slice = _OneSlice()
+        self._reader = plan.reader(self._slice, seed=0, shuffle_rows=False)  # type: ignore[arg-type]
+
+    def __call__(self, u: int) -> List[Optional[str]]:
+        n = int(self.plan.units.rows[u])
+        self._slice.slice = WorkSlice(0, int(u), 0, n)
+        self._reader.reset(None)
+        out: List[Optional[str]] = [None] * n
+        while True:
+            try:
+                doc = next(self._reader)
+            except StopIteration:
+                return out
+            out[doc.row] = doc.text
