@@ -98,6 +98,10 @@ SETTINGS: Tuple[Setting, ...] = (
     Setting("predict_bos", "predict_bos", bool, "label a document's last token with BOS (the model learns where "
             "documents end); --no-predict-bos: -100 there, nothing trained across documents", recipes=("pretrain",)),
     Setting("pad", "pad", _token, "token string or id of padding input_ids (default: the BOS id; sft: 0)"),
+    Setting("cache", "cache", str, "token cache directory (path or URI) that `tokenloom tokenize --out` wrote: "
+            "ids instead of text, the same batches", recipes=("pretrain",), path=True),
+    Setting("cache_strict", "cache_strict", bool, "refuse a cache that lacks units, instead of tokenizing them "
+            "on the fly", recipes=("pretrain",)),
     Setting("messages_field", "messages_field", str, "jsonl field / parquet column holding the conversation",
             recipes=("sft",)),
     Setting("template", "template", str, f"chat template: {' or '.join(TEMPLATE_NAMES)}, a Jinja file, a "

@@ -1,0 +1,113 @@
+"""``tokenloom tokenize SOURCES --tokenizer T --out DIR``: build a token cache.
+
+Tokenizes every document of the sources once and writes the token ids to DIR (a
+path or URI), one folder per source name; ``pretrain(..., cache=DIR)`` (or
+``tokenloom run ... --cache DIR``) then reads ids instead of text and gives the
+very batches of tokenizing on the fly. Name the sources as the run does. Several
+processes encode at once (``--processes``, default: every CPU), a progress line
+shows how far it is, and a build that was stopped resumes where it stopped. On a
+cluster, run it on every rank (``torchrun ... -m tokenloom tokenize`` or
+``--rank``/``--world-size``): each rank builds its share of the files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any, Dict, Optional
+
+from tokenloom.pipes.sources.cache_build import build_cache
+from tokenloom.pipes.sources.readers import TEXT_MODES
+
+from .cli_config import parse_sources, read_toml, tokenizer_path
+
+REDRAW_S = 0.1
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be >= 1")
+    return value
+
+
+class _Line:
+    """The progress line on stderr: redrawn in place on a terminal, every 10% otherwise."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.live = enabled and sys.stderr.isatty()
+        self._last, self._decile, self._text = 0.0, -1, ""
+
+    def __call__(self, c: Dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        done, total, s = c["units_done"], c["units_total"], c["seconds"]
+        rate = c["tokens"] / s if s > 0 else 0.0
+        eta = f"{(total - done) * s / done:4.0f}s" if done else "   ?"
+        filled = 30 * done // total if total else 30
+        self._text = (f"tokenize [{'#' * filled}{'.' * (30 - filled)}] {done}/{total} units  "
+                      f"{c['files_done']}/{c['files_total']} files  {rate / 1e6:5.2f}M tok/s  {s:5.1f}s  eta {eta}")
+        now = time.perf_counter()
+        if self.live:
+            if now - self._last >= REDRAW_S or done == total:
+                sys.stderr.write("\r" + self._text + "\x1b[K")
+                sys.stderr.flush()
+                self._last = now
+        elif total and 10 * done // total > self._decile:
+            self._decile = 10 * done // total
+            sys.stderr.write(self._text + "\n")
+            sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.live and self._text:
+            sys.stderr.write("\n")
+
+
+def run(args: argparse.Namespace) -> int:
+    settings: Dict[str, Any] = read_toml(args.config) if args.config else {}
+    for key in ("tokenizer", "text_column", "text_mode"):
+        if getattr(args, key) is not None:
+            settings[key] = getattr(args, key)
+    if args.sources:
+        settings["sources"] = parse_sources(args.sources)
+    if "sources" not in settings:
+        raise ValueError("no sources: give name=path or path arguments (named as in the run), or [sources] in --config")
+    line = _Line(not args.quiet)
+    try:
+        done = build_cache(settings["sources"], tokenizer_path(settings), args.out,
+                           text_column=settings.get("text_column", "text"), text_mode=settings.get("text_mode", "file"),
+                           processes=args.processes, rank=args.rank, world_size=args.world_size, progress=line)
+    finally:
+        line.close()
+    tokens = 0
+    for name, s in done["sources"].items():
+        per = f", {s['bytes'] / s['tokens']:.2f} bytes/token" if s["tokens"] else ""
+        print(f"{name:<12} {s['files']} files ({s['built']} built, {s['reused']} already there), "
+              f"{s['documents']:,} documents, {s['tokens']:,} tokens, {s['bytes'] / 1e6:.1f} MB{per}")
+        tokens += s["tokens"]
+    who = f"rank {done['rank']} of {done['world_size']}: " if done["world_size"] > 1 else ""
+    state = ("complete" if done["complete"] else
+             "not complete yet: other ranks' files are missing (run it on every rank), or this build was cut short")
+    print(f"{who}{done['dtype']} ids in {done['seconds']:.1f}s with {done['processes']} processes -> "
+          f"{done['path']} ({state})")
+    return 0
+
+
+def register(sub: Any, common: Optional[argparse.ArgumentParser] = None) -> None:
+    p = sub.add_parser("tokenize", parents=[common] if common is not None else [],
+                       help="tokenize sources once into a token cache that pretrain(cache=) reads",
+                       description=__doc__.split("\n\n")[1].replace("\n", " ").replace("`", ""))
+    p.add_argument("sources", nargs="*", metavar="SOURCE",
+                   help="name=path or path (file, glob, directory, URI), named as in the run")
+    p.add_argument("--tokenizer", help="tokenizer.json, a tokenizer directory, a tiktoken name, or 'demo'")
+    p.add_argument("--out", required=True, metavar="DIR", help="the cache directory (path or URI)")
+    p.add_argument("--text-column", help="parquet column / jsonl field holding the text (default: text)")
+    p.add_argument("--text-mode", choices=TEXT_MODES, help="text files: one document per file or per paragraph")
+    p.add_argument("--config", metavar="TOML", help="sources, tokenizer, text column and mode from a run's TOML file")
+    p.add_argument("--processes", type=_positive, help="build processes (default: every CPU this process may use)")
+    p.add_argument("--rank", type=int, help="this builder's rank (default: $RANK, as torchrun sets it, else 0)")
+    p.add_argument("--world-size", type=int, help="builders in all (default: $WORLD_SIZE, else 1)")
+    p.add_argument("--quiet", action="store_true", help="no progress line")
+    p.set_defaults(run=run)
