@@ -255,6 +255,7 @@ class PackedGraph:
     chat: Any = None  # a ChatTemplate or callable: render conversations instead of tokenizing text
     long_conversations: str = "truncate"
     end_label: Optional[int] = None  # the label after a whole document's last token: BOS id or -100
+    buffer_tokens: Optional[int] = None  # best-fit: tokens the buffer holds at most (None: the packer's default)
 
     def source_names(self) -> List[str]:
         """The sources in order: a graph that names them can resume on another topology (elastic.py)."""
@@ -290,7 +291,8 @@ class PackedGraph:
             packer = FlatPack(mixed, seq_len=self.seq_len, pad_id=self.pad_id)
         else:
             packer = BestFitPack(mixed, seq_len=self.seq_len, buffer_size=self.buffer_size, pad_id=self.pad_id,
-                                 mode="crop" if self.packing == "bestfit-crop" else "bestfit")
+                                 mode="crop" if self.packing == "bestfit-crop" else "bestfit",
+                                 buffer_tokens=self.buffer_tokens)
         names = [p.name for p in self.plans]
         batch = Batch(packer, batch_size=self.batch_size, seq_len=self.seq_len, pad_id=self.pad_id,
                       sources=names, clock=clock, end_label=self.end_label)
@@ -359,6 +361,7 @@ def packed_loader(
     manifest: Union[str, Mapping[str, str], None] = None,
     predict_bos: bool = True,
     pad: Union[str, int, None] = None,
+    buffer_tokens: Optional[int] = None,
     cache: Any = None,
     cache_strict: bool = False,
     loader_kwargs: Mapping[str, Any],
@@ -370,6 +373,7 @@ def packed_loader(
     seq_len, batch_size, buffer_size = (check_int(k, v, 1) for k, v in
                                         (("seq_len", seq_len), ("batch_size", batch_size), ("buffer_size", buffer_size)))
     num_workers, seed = check_int("num_workers", num_workers, 0), check_int("seed", seed, 0)
+    buffer_tokens = check_int("buffer_tokens", buffer_tokens, 1, none_ok=True, none_means="the packer's default")
     epochs = check_int("epochs", epochs, 1, none_ok=True, none_means="cycle forever")
     if packing not in PACKINGS:
         raise ValueError(f"{packing=} is not one of {PACKINGS}")
@@ -421,7 +425,7 @@ def packed_loader(
 
     graph = PackedGraph(plans, encoder, bos_id, eos_id, seq_len, batch_size, packing, buffer_size, seed, epochs,
                         pad_id, weights, mix, weights_unit, stop, cycle_exhausted, pattern, burst, chat,
-                        long_conversations, end_label)
+                        long_conversations, end_label, buffer_tokens)
     config: Dict[str, Any] = {
         "world_size": world_size,
         "rank": rank,
@@ -430,6 +434,8 @@ def packed_loader(
         "batch_size": batch_size,
         "packing": packing,
         "buffer_size": buffer_size if packing != "flat" else None,
+        "buffer_tokens": (BestFitPack.resolve_buffer_tokens(buffer_tokens, seq_len, "crop" if packing == "bestfit-crop"
+                                                            else "bestfit", buffer_size) if packing != "flat" else None),
         "seed": seed,
         "epochs": epochs,
         "sources": {p.name: p.fingerprint for p in plans},

@@ -43,6 +43,7 @@ def pretrain(
     manifest: Union[str, Mapping[str, str], None] = None,
     predict_bos: bool = True,
     pad: Union[str, int, None] = None,
+    buffer_tokens: Optional[int] = None,
     cache: Any = None,
     cache_strict: bool = False,
     **loader_kwargs: Any,
@@ -61,7 +62,9 @@ def pretrain(
     ``predict_bos``: the label after every whole document's last token is the BOS id (True,
     GPT/nanochat style: the model learns where documents end) or -100 (False: nothing is
     trained across a document boundary), the same in every packing mode. ``pad``: the
-    token string or id of padding ``input_ids`` (default: the BOS id).
+    token string or id of padding ``input_ids`` (default: the BOS id). ``buffer_tokens``: the
+    most tokens the best-fit buffer holds (default: 32 rows' worth; ``"bestfit-crop"``: half a row per
+    document of ``buffer_size``), which bounds what a resume re-reads.
     ``cache``: the directory (path or URI) ``tokenloom tokenize --out`` wrote, or ``{name: directory}``:
     token ids are read from it instead of text, giving bitwise the same batches and states that load
     either way; a unit it lacks is tokenized (``stats()["sources"][name]["tokenized"]``), or refused
@@ -72,5 +75,5 @@ def pretrain(
         buffer_size=buffer_size, epochs=epochs, num_workers=num_workers, seed=seed, rank=rank,
         world_size=world_size, text_column=text_column, eos=eos, mix=mix, weights_unit=weights_unit, stop=stop,
         cycle_exhausted=cycle_exhausted, pattern=pattern, burst=burst, text_mode=text_mode, rank_sync=rank_sync,
-        manifest=manifest, predict_bos=predict_bos, pad=pad,
+        manifest=manifest, predict_bos=predict_bos, pad=pad, buffer_tokens=buffer_tokens,
         cache=cache, cache_strict=cache_strict, loader_kwargs=loader_kwargs)

@@ -102,16 +102,18 @@ def test_packers_lose_nothing_and_keep_order(lengths, seq_len, buffer_size, mode
             assert pieces[d] == sorted(pieces[d])
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=120, deadline=None)
 @given(lengths=lengths_st, seq_len=st.integers(4, 40), buffer_size=st.integers(1, 12),
-       mode=st.sampled_from(["bestfit", "crop"]), masked=st.booleans())
-def test_c_core_and_python_core_agree(lengths, seq_len, buffer_size, mode, masked):
+       mode=st.sampled_from(["bestfit", "crop"]), masked=st.booleans(), rows=st.sampled_from([None, 1, 3]),
+       max_wait=st.sampled_from([1, 2, 24]))
+def test_c_core_and_python_core_agree(lengths, seq_len, buffer_size, mode, masked, rows, max_wait):
+    """Every rule, overdue documents (max_wait 1-2) and small token bounds (rows) included."""
     if pack_core.IMPLEMENTATION != "c":
         pytest.fail("the C core was not built; install with a C compiler (pip install -e .)")
     out = []
     for core in (pack_core._core, _packcore_py):
         packer = BestFitPack(FromList(make_docs(lengths, masked)), seq_len=seq_len, buffer_size=buffer_size,
-                             mode=mode, max_wait=2 * buffer_size)
+                             mode=mode, max_wait=max_wait, buffer_tokens=rows and rows * (seq_len + 1))
         packer._slots.core = core
         orig_clear = packer._clear
 

@@ -49,7 +49,8 @@ from .worker_threads import single_thread_tokenizers
 #: Bumped whenever the layout of a saved state changes incompatibly.
 #: 2: per-source skipped counts in the statistics; best-fit max_wait = buffer_size.
 #: 3: the round's phase (data / padding / over) is saved.
-STATE_VERSION = 3
+#: 4: the best-fit buffer ramps up and is bounded in tokens (buffer_tokens); crop starts rows with long documents.
+STATE_VERSION = 4
 STATE_FORMAT = "tokenloom.loader"
 
 #: Batches may carry their worker's cumulative statistics under this key; the loader
@@ -202,6 +203,7 @@ CONFIG_HINTS = {
     "tokenizer": "the tokenizer changed; resume with the same tokenizer, or start without the state",
     "packing": "pass the same packing mode",
     "buffer_size": "pass the same buffer_size",
+    "buffer_tokens": "pass the same buffer_tokens",
     "seed": "pass the same seed",
     "rank": "each rank must load its own state",
     "epochs": "pass the same epochs",

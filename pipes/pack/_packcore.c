@@ -233,11 +233,19 @@ static PyObject *py_build_row(PyObject *self, PyObject *args) {
     int stuck = 0, nfreed0 = nfreed;
     int s = -1, f = 0;
     int32_t take = 0;
-    if (pos == 0 && nseg == 0 && mode == MODE_BESTFIT) {
+    if (pos == 0 && nseg == 0 && mode == MODE_CROP && ix.head[C] >= 0) {
+        /* Crop: a document of a row or more starts a row of its own, before overdue ones. It fills
+         * the row whatever else is buffered and loses its tokens beyond C anyway; started later, it
+         * would only hold a slot (and, overdue, push fillers out of rows they pack better). */
+        s = ix.head[C];
+        take = C;
+    }
+    if (pos == 0 && nseg == 0 && mode == MODE_BESTFIT && nforced == 0) {
         /* Draining: a document with at least two rows' worth left gives a full row now. Its bulk
          * never waits (and costs no padding); it stays buffered with less than 2C tokens, as
-         * material for filling gaps. Without this, overdue short documents would start every row
-         * and long documents, only nibbled, would pile up in the buffer. */
+         * material for filling gaps. Overdue documents go first: they bound the window a restore
+         * re-reads; meanwhile long documents are only nibbled (gap cuts), and the buffer's token
+         * bound stops pulling while they hold it, so they do not pile up. */
         for (int c = ix.head[C]; c >= 0; c = ix.next[c])
             if (ix.len[c] - ix.used[c] >= 2 * C) { s = c; take = C; break; }
     }

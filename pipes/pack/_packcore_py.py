@@ -74,7 +74,9 @@ def build_row(docs: List[np.ndarray], masks: Optional[list], seq, ln, used, head
     discarded = newly_cut = 0
     stuck, nfreed0 = 0, nfreed
     s, f, take = -1, 0, 0
-    if pos == 0 and nseg == 0 and mode == MODE_BESTFIT:
+    if pos == 0 and nseg == 0 and mode == MODE_CROP and int(head[C]) >= 0:
+        s, take = int(head[C]), C  # crop: a document of a row or more starts a row of its own
+    if pos == 0 and nseg == 0 and mode == MODE_BESTFIT and nforced == 0:
         c = int(head[C])
         while c >= 0:
             if int(ln[c]) - int(used[c]) >= 2 * C:

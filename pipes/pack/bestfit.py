@@ -1,13 +1,14 @@
 """Best-fit packing from a bounded buffer (``bestfit``), and its cropping variant (``crop``).
 
-Per row of ``C = seq_len + 1`` tokens the buffer is topped up to
-``buffer_size`` documents, then segments are placed by the rules in
-`core`: a document with at least ``2C`` tokens left gives a full row
-(``bestfit``); overdue documents start the row; then the largest that fits,
-ties to the oldest; gaps filled from a document longer than a row in
-``bestfit``, or by cropping the smallest non-fitting document in ``crop``.
-Placement is a bitmap scan over segment lengths in C, O(C/64) per placement
-and independent of the buffer size.
+Per row of ``C = seq_len + 1`` tokens the buffer is topped up to at most
+``buffer_size`` documents and `fill_limit` tokens, then segments are placed by
+the rules in `core`: a document of a row or more starts a row of its own
+(``crop``); overdue documents start the row; else a document with at least
+``2C`` tokens left gives a full row (``bestfit``); then the largest that fits, ties
+to the oldest; gaps filled from a document longer than a row in ``bestfit``, or
+by cropping the smallest non-fitting document in ``crop``. Placement is a
+bitmap scan over segment lengths in C, O(C/64) per placement and independent of
+the buffer size.
 
 ``bestfit`` never drops a token: padding appears only when no buffered
 document is longer than a row and nothing fits the gap. ``crop`` gives
@@ -16,29 +17,53 @@ first token; no padding) and discards the rest of every cropped document; its
 floor is the tokens beyond ``C`` of documents longer than a row. Measured in
 benchmarks/RESULTS.md.
 
-Delay bound: documents pulled more than ``max_wait`` pulls ago start the next
-rows, oldest first, as many per row as fit, so a short document waits about
-``max_wait`` pulls and a long one drains as soon as it arrives (its last
-``< 2C`` tokens wait like a short document). Without these rules largest-first
-keeps the longest documents waiting (nanochat's crop-shortest rule keeps them
-forever) and, on real data where most tokens are in long documents, the buffer
-fills with them: measured before the draining rule, 450 long documents (3.5M
-tokens) sat in a 1000-document buffer and the oldest had waited 8,900 pulls.
-Default ``max_wait = buffer_size``: measured on 40,000-document streams at
-T=2048 (stdlib and markdown lengths, buffers 100-4000), it pads less than
-``2 * buffer_size`` (0.0000-0.0002% vs 0.0002-0.025%) because the short
-overdue documents fill gaps, and it halves the window a restore re-tokenizes
-(about 1,100-1,450 documents at buffer 1000, vs 2,000-2,250), which is most of
-what a resume costs beyond a cold start.
+The buffer is bounded in tokens as well as documents (``buffer_tokens``, by
+default 32 rows' worth in ``bestfit``, half a row per document of ``buffer_size``
+in ``crop``), and it ramps up: before
+row ``r`` it may hold ``RAMP_START + r // RAMP_EVERY`` rows' worth of tokens. So
+the first row waits for about one row of tokens instead of a whole buffer
+(buffer 1000 on long documents: the whole of each worker's shard, seconds), and
+a restore re-reads a window bounded in tokens, not only in documents. The ramp
+is a function of the rows emitted, which the state saves, so a restore fills
+exactly as the run that saved. Trade-off, measured at T=2048 (first_batch.py,
+packing.py): 32 rows pad 0.0000-0.003% on stdlib, markdown and man-page
+lengths (16 rows: up to 0.07% on man pages, where many documents lie between
+half a row and a row), against a window of ~100-150k tokens per worker instead
+of a whole buffer (1000 code documents: ~4.7M); the ramp adds a little padding
+in the first rows only. ``crop`` keeps a larger default because it loses less
+the more short documents it can choose from (64 rows' worth instead: up to +1.8
+points on man-page lengths).
+
+Delay bound: documents pulled more than ``max_wait`` pulls, or more than
+``buffer_tokens`` tokens, ago start the next rows, oldest first, as many per row
+as fit, so a short document waits about ``max_wait`` pulls and a long one
+drains as soon as it arrives (its last ``< 2C`` tokens wait like a short
+document). Overdue documents come before draining: the other way round, the
+short remainder of a drained document waited while document after document of
+two rows or more drained, and the window a restore re-reads grew to 2.7 times
+the token bound (tests/test_packing_ramp.py). Without these rules largest-first keeps the longest documents
+waiting (nanochat's crop-shortest rule keeps them forever) and, on real data
+where most tokens are in long documents, the buffer fills with them: measured
+before the draining rule, 450 long documents (3.5M tokens) sat in a
+1000-document buffer and the oldest had waited 8,900 pulls. Default ``max_wait
+= buffer_size``: measured on 40,000-document streams at T=2048 (stdlib and
+markdown lengths, buffers 100-4000), it pads less than ``2 * buffer_size``
+(0.0000-0.0002% vs 0.0002-0.025%) because the short overdue documents fill
+gaps, and it halves the window a restore re-tokenizes. In ``crop`` the bound
+costs discards where short documents are scarce: a policy that never forces
+(the "simple" rule in packing.py) keeps the rare short documents for the small
+gaps next to documents of nearly a row, some of them for the whole stream; with
+the bound, rows take them earlier. packing.py measures both side by side.
 
 State (a position, never the buffer): the upstream state just before the pull
-of document number ``base`` (checkpoints every ``CHECKPOINT_EVERY`` pulls, at or
-before the oldest buffered document), the number of documents pulled, the
-offsets from ``base`` of the documents still buffered and how many tokens of
-each were already used. A restore re-reads and re-tokenizes the window
-``[base, pulled)``, bounded by the delay bound, and re-inserts the listed
-documents; the index is a function of those alone, so the rows that follow are
-identical. At ``buffer_size=1000`` the state is ~1000 small ints, a few KB.
+of document number ``base`` (checkpoints every ``CHECKPOINT_EVERY`` pulls or
+``CHECKPOINT_ROWS`` rows' worth of tokens, at or before the oldest buffered
+document), the number of documents pulled, the offsets from ``base`` of the
+documents still buffered and how many tokens of each were already used. A
+restore re-reads and re-tokenizes the window ``[base, pulled)``, bounded by the
+delay bound, and re-inserts the listed documents; the index is a function of
+those alone, so the rows that follow are identical. At ``buffer_size=1000`` the
+state is at most ~1000 small ints, a few KB.
 """
 
 from __future__ import annotations
@@ -64,31 +89,59 @@ class BestFitPack(Node[Row]):
     STATS = "stats"
     STATE_KEYS = (PARENT, BASE, PULLED, LIVE, CONSUMED, ENDED, STATS)
 
-    #: Upstream states are remembered every this many pulls; a restore replays at most this many extra documents.
+    #: Upstream states are remembered every this many pulls, or once this many rows' worth of tokens were
+    #: pulled since the last one: a restore replays at most that much before the oldest buffered document.
     CHECKPOINT_EVERY = 32
+    CHECKPOINT_ROWS = 1
+    #: Default ``buffer_tokens``: ``bestfit`` pads next to nothing from a few dozen rows' worth, so a fixed
+    #: number of rows; ``crop`` loses less the more short documents it can choose from, so half a row per
+    #: document of ``buffer_size``.
+    BESTFIT_ROWS = 32
+    #: The ramp: before row ``r`` the buffer may hold ``(RAMP_START + r / RAMP_EVERY)`` rows' worth of tokens.
+    RAMP_START = 1
+    RAMP_EVERY = 4
 
     def __init__(self, parent: Node[TokenDoc], *, seq_len: int, buffer_size: int = 1000, pad_id: int = 0,
-                 max_wait: Optional[int] = None, mode: str = "bestfit", min_fill: int = 1):
+                 max_wait: Optional[int] = None, mode: str = "bestfit", min_fill: int = 1,
+                 buffer_tokens: Optional[int] = None, ramp: bool = True):
         super().__init__()
         if seq_len < 1:
             raise ValueError(f"{seq_len=} must be >= 1")
         if buffer_size < 1:
             raise ValueError(f"{buffer_size=} must be >= 1")
         self.parent, self.row_len, self.buffer_size, self.pad_id = parent, seq_len + 1, buffer_size, pad_id
-        self.mode, self.min_fill = mode, min_fill
+        self.mode, self.min_fill, self.ramp = mode, min_fill, bool(ramp)
         self.max_wait = buffer_size if max_wait is None else max_wait
         if self.max_wait < 1:
             raise ValueError(f"max_wait={self.max_wait} must be >= 1")
         Slots(1, self.row_len, mode=mode)  # validates mode early
+        self.buffer_tokens = self.resolve_buffer_tokens(buffer_tokens, seq_len, mode, buffer_size)
         self._clear()
+
+    @classmethod
+    def resolve_buffer_tokens(cls, buffer_tokens: Optional[int], seq_len: int, mode: str = "bestfit",
+                              buffer_size: int = 1000) -> int:
+        """``buffer_tokens``, or the mode's default: ``BESTFIT_ROWS`` rows of ``seq_len + 1`` tokens
+        (``bestfit``), half a row per document of ``buffer_size`` (``crop``)."""
+        default = cls.BESTFIT_ROWS * (seq_len + 1) if mode == "bestfit" else buffer_size * (seq_len + 1) // 2
+        if buffer_tokens is None:
+            return max(default, 1)
+        if buffer_tokens < 1:
+            raise ValueError(f"{buffer_tokens=} must be >= 1 (default for {mode=}: {default} tokens at {seq_len=}, "
+                             f"{buffer_size=})")
+        return int(buffer_tokens)
 
     def _clear(self) -> None:
         self._slots = Slots(self.buffer_size, self.row_len, mode=self.mode, min_fill=self.min_fill)
         self._slot_of: Dict[int, int] = {}  # seq -> slot
         self._docs: Dict[int, TokenDoc] = {}  # seq -> the buffered document (where it came from: elastic.py)
         self._ages: Deque[int] = deque()  # buffered seqs in pull order, lazily pruned: the front is the oldest
+        self._tok_at: Dict[int, int] = {}  # seq -> tokens pulled up to and including it (origin: reset or base)
         self._ckpts: Deque[Tuple[int, Dict[str, Any]]] = deque()
         self._pulled = 0
+        self._tokens = 0  # tokens pulled, counted from the same origin as _tok_at
+        self._since_ckpt = 0  # tokens pulled since the last checkpoint
+        self._held = 0  # tokens of the buffered documents not yet placed or discarded
         self._ended = False
         self._replay_to = 0
         self._replay_live: Dict[int, int] = {}
@@ -116,19 +169,31 @@ class BestFitPack(Node[Row]):
     # --- pulling -------------------------------------------------------------------
     def _pull(self) -> Optional[Tuple[int, TokenDoc]]:
         seq = self._pulled
-        if seq % self.CHECKPOINT_EVERY == 0 and (not self._ckpts or self._ckpts[-1][0] != seq):
-            self._ckpts.append((seq, self.parent.state_dict()))
+        self._checkpoint(seq)
         try:
             doc = next(self.parent)
         except StopIteration:
             return None
         self._pulled += 1
+        n = len(doc.ids) - doc.used
+        self._tokens += n
+        self._since_ckpt += n
         return seq, doc
+
+    def _checkpoint(self, seq: int) -> None:
+        # Counted from the previous checkpoint, so a restored packer (whose first checkpoint is the
+        # saved base) takes the same ones as the packer that saved.
+        if ((seq % self.CHECKPOINT_EVERY == 0 or self._since_ckpt >= self.CHECKPOINT_ROWS * self.row_len)
+                and (not self._ckpts or self._ckpts[-1][0] != seq)):
+            self._ckpts.append((seq, self.parent.state_dict()))
+            self._since_ckpt = 0
 
     def _add(self, seq: int, doc: TokenDoc, used: int) -> None:
         self._slot_of[seq] = self._slots.add(seq, doc.ids, used, doc.mask, doc.source)
         self._docs[seq] = doc
         self._ages.append(seq)
+        self._tok_at[seq] = self._tokens
+        self._held += len(doc.ids) - used
 
     def _replay(self) -> None:
         """Rebuild the buffer after a restore by re-reading the window [base, pulled)."""
@@ -145,14 +210,29 @@ class BestFitPack(Node[Row]):
                 self._add(seq, doc, used)
         self._replay_to = 0
 
+    def fill_limit(self) -> int:
+        """Tokens the buffer may hold before the next row: ``buffer_tokens``, reached by a ramp of
+        ``RAMP_START`` rows' worth plus one row's worth per ``RAMP_EVERY`` rows emitted. A function
+        of the rows emitted (saved with the statistics), so a restored packer fills the same."""
+        if not self.ramp:
+            return self.buffer_tokens
+        ramp = (self.RAMP_START + self._stats["rows"] // self.RAMP_EVERY) * self.row_len
+        return min(self.buffer_tokens, ramp)
+
     def _top_up(self) -> bool:
-        """Fill the buffer up to ``buffer_size``; returns whether upstream has ended."""
+        """Fill the buffer up to ``buffer_size`` documents and `fill_limit` tokens; returns whether
+        upstream has ended."""
         slots, stats, parent, ckpts, every = self._slots, self._stats, self.parent, self._ckpts, self.CHECKPOINT_EVERY
+        ckpt_tokens = self.CHECKPOINT_ROWS * self.row_len
+        limit = self.fill_limit()
+        held = self._held - slots.row_taken  # minus what the row being built already took
         tokens = docs = 0
-        while not self._ended and slots.occupied < self.buffer_size:
-            seq = self._pulled  # the body of _pull, inlined: this loop runs once per document
-            if seq % every == 0 and (not ckpts or ckpts[-1][0] != seq):
+        total, since = self._tokens, self._since_ckpt
+        while not self._ended and slots.occupied < self.buffer_size and held < limit:
+            seq = self._pulled  # the body of _pull and _add, inlined: this loop runs once per document
+            if (seq % every == 0 or since >= ckpt_tokens) and (not ckpts or ckpts[-1][0] != seq):
                 ckpts.append((seq, parent.state_dict()))
+                since = 0
             try:
                 doc = next(parent)
             except StopIteration:
@@ -161,11 +241,17 @@ class BestFitPack(Node[Row]):
             self._pulled = seq + 1
             n, used = len(doc.ids), doc.used  # used > 0: delivered in part before an elastic resume
             tokens += n - used
+            total += n - used
+            since += n - used
             docs += used == 0
             if n > used:  # an empty document (no BOS, no text) has nothing to place
                 self._slot_of[seq] = slots.add(seq, doc.ids, used, doc.mask, doc.source)
                 self._docs[seq] = doc
                 self._ages.append(seq)
+                self._tok_at[seq] = total
+                held += n - used
+        self._tokens, self._since_ckpt = total, since
+        self._held += tokens
         stats["tokens_in"] += tokens
         stats["documents"] += docs
         return self._ended
@@ -176,16 +262,20 @@ class BestFitPack(Node[Row]):
             # Finished documents are only dropped off the front; the rest would make every
             # _overdue scan walk past them. Rebuilding when half are dead keeps it amortised O(1).
             self._ages = ages = deque(s for s in ages if s in live)
+            self._tok_at = {s: self._tok_at[s] for s in ages}
+        tok_at = self._tok_at
         while ages and ages[0] not in live:
-            ages.popleft()
+            del tok_at[ages.popleft()]
         return ages[0] if ages else None
 
     def _overdue(self, cap: int = 256) -> List[int]:
-        """Slots of documents pulled more than ``max_wait`` pulls ago, oldest first."""
+        """Slots of documents pulled more than ``max_wait`` pulls or ``buffer_tokens`` tokens ago,
+        oldest first."""
         self._oldest()  # prunes finished documents off the front
         limit, out = self._pulled - self.max_wait, []
+        tok_limit, tok_at = self._tokens - self.buffer_tokens, self._tok_at
         for seq in self._ages:
-            if seq >= limit or len(out) >= cap:
+            if (seq >= limit and tok_at[seq] >= tok_limit) or len(out) >= cap:  # tok_at covers _ages
                 break
             slot = self._slot_of.get(seq)
             if slot is not None:
@@ -204,6 +294,7 @@ class BestFitPack(Node[Row]):
             del self._slot_of[seq]
             del self._docs[seq]
         filled = int(out.seg_lens.sum())
+        self._held -= filled + out.discarded
         out.tokens[filled:] = self.pad_id
         st = self._stats
         st["tokens_out"] += filled

@@ -2,8 +2,11 @@
 
 Rules for one row of ``C`` tokens (the same in ``_packcore.c`` and ``_packcore_py.py``):
 
-0. ``bestfit``: if a document has at least ``2C`` tokens left, the oldest such gives
-   the whole row (a full chunk; the bulk of long documents never waits);
+0. ``crop``: a document of ``C`` tokens or more (the oldest such) starts a row of its
+   own: it fills the row whatever else is buffered and loses its rest anyway;
+   ``bestfit``, when no document is overdue: if a document has at least ``2C`` tokens
+   left, the oldest such gives the whole row (a full chunk; the bulk of long documents
+   never waits);
 1. overdue documents (``forced``, oldest first) start the row while they fit;
 2. repeatedly place the largest next-segment that fits the space left; ties go to
    the oldest document (lowest sequence number). A document's next segment is
@@ -65,6 +68,7 @@ class Slots:
         self.free = list(range(S - 1, -1, -1))
         self.owner: List[int] = [-1] * S  # slot -> seq of the document in it
         self.occupied = 0
+        self.row_taken = 0  # tokens the row being built took out of the buffer so far (placed or discarded)
         self._pending: tuple = ([], [], [], [])  # staged (slots, seqs, lengths, used)
         self.source: List[str] = [""] * S
         self.masked = 0  # buffered documents that carry a loss mask
@@ -147,12 +151,14 @@ class Slots:
             self._release(nfreed, freed_seqs)
             if not stuck:
                 break
+            self.row_taken = pos + discarded
             ended = top_up()
             self._flush()
             if self.masked > 0 and not use_mask:
                 # the refill brought the first masked document into this row: earlier segments are all targets
                 self._rowmask[:pos] = 1
                 use_mask = True
+        self.row_taken = 0
         mask = self._rowmask.astype(bool) if use_mask else None
         return PackedRow(self._row.copy(), mask, self._seglen[:nseg].copy(), tuple(sources), int(discarded),
                          int(cut), freed_seqs, self._segoff[:nseg] == 0)
