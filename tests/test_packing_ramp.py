@@ -59,8 +59,8 @@ def test_token_bound_and_ramp_lose_nothing_and_resume_exactly(lengths, seq_len, 
         assert len(seen) + stats["discarded"] == sum(lengths)
         for row in out[:-1]:
             assert int(row.seg_lens.sum()) == C, "crop pads only the last row"
-    # exact resume from every step, ramp and token bound included
-    assert check_node_resume(build, max_steps=400, horizon=3) == len(out)
+    # exact resume from every step (the first 200), ramp and token bound included
+    assert check_node_resume(build, max_steps=200, horizon=3) == min(len(out), 200)
 
 
 def test_first_row_does_not_wait_for_a_full_buffer():
