@@ -65,6 +65,13 @@ class _Line:
             sys.stderr.write("\n")
 
 
+def _size(n: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} bytes"
+
+
 def run(args: argparse.Namespace) -> int:
     settings: Dict[str, Any] = read_toml(args.config) if args.config else {}
     for key in ("tokenizer", "text_column", "text_mode"):
@@ -81,12 +88,10 @@ def run(args: argparse.Namespace) -> int:
                            processes=args.processes, rank=args.rank, world_size=args.world_size, progress=line)
     finally:
         line.close()
-    tokens = 0
     for name, s in done["sources"].items():
         per = f", {s['bytes'] / s['tokens']:.2f} bytes/token" if s["tokens"] else ""
-        print(f"{name:<12} {s['files']} files ({s['built']} built, {s['reused']} already there), "
-              f"{s['documents']:,} documents, {s['tokens']:,} tokens, {s['bytes'] / 1e6:.1f} MB{per}")
-        tokens += s["tokens"]
+        print(f"{name:<12} {s['files']} file{'s' if s['files'] != 1 else ''} ({s['built']} built, {s['reused']} "
+              f"already there), {s['documents']:,} documents, {s['tokens']:,} tokens, {_size(s['bytes'])}{per}")
     who = f"rank {done['rank']} of {done['world_size']}: " if done["world_size"] > 1 else ""
     state = ("complete" if done["complete"] else
              "not complete yet: other ranks' files are missing (run it on every rank), or this build was cut short")

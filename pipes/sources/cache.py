@@ -151,7 +151,7 @@ class ReadCached(Node[Doc]):
             self._docs = None
             path, g = self.cache.paths[k], int(self.cache.group[u])
             try:
-                table = self._file(k).read_row_group(g)
+                table = self._file(k).read_row_group(g, use_threads=False)  # the loader workers are the parallelism
             except RuntimeError:
                 raise
             except Exception as e:
