@@ -84,7 +84,8 @@ def test_cache_batches_are_bitwise_those_of_tokenizing_on_the_fly(sources, cache
         assert {k: v for k, v in sa["sources"][name].items() if k != "tokenized"} == \
                {k: v for k, v in sb["sources"][name].items() if k != "tokenized"}
     # the same positions, node for node: only the count of documents encoded from text differs
-    assert _positions(decode_state(fly.state_dict())["loader"]) == _positions(decode_state(cached.state_dict())["loader"])
+    positions = [_positions(decode_state(x.state_dict())["loader"]) for x in (fly, cached)]
+    assert positions[0] == positions[1]
 
 
 @pytest.mark.parametrize("first", ["on_the_fly", "cache"])

@@ -18,7 +18,9 @@ parquet file has one writer. A corpus of few huge files resumes in big steps and
 spreads over few ranks; within one machine its units are still encoded in parallel.
 
 Ids are stored raw, as uint16 when the vocabulary has at most 65,536 ids, else
-uint32; BOS/EOS are added by the loader.
+uint32; BOS/EOS are added by the loader. Measured on 2 cores, 2 processes, the stdlib
+corpus (4.2 M tokens, demo tokenizer): 0.9 s on tiktoken, 4.3 s on tokenizers, about
+one epoch of ``pretrain`` on the fly with 2 workers either way (benchmarks/cache.py).
 """
 
 from __future__ import annotations
@@ -208,8 +210,9 @@ class _FileWriter:
             size = handle.size()
         rows = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
         if rows != self.entry["units"]:
-            raise RuntimeError(f"{self.tmp}: wrote row groups of {rows[:8]} rows for units of {self.entry['units'][:8]}; "
-                               "this pyarrow split the row groups: report it, with its version")
+            raise RuntimeError(f"{self.tmp}: wrote row groups of {rows[:8]} rows for units of "
+                               f"{self.entry['units'][:8]}; this pyarrow split the row groups: report it, with its "
+                               "version")
         fs.move(self.tmp, self.final)
         self.entry.update({K_CACHE_BYTES: int(size), K_DOCUMENTS: self.documents, K_TOKENS: self.tokens})
         self.src.record(self.i, self.entry)

@@ -51,7 +51,8 @@ _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.=-]*$")
 
 # Manifest keys: the header every part of a source shares, then the per-file entries.
 K_FORMAT, K_VERSION, K_SOURCE, K_FILES = "format", "version", "source", "files"
-K_SOURCE_FORMAT, K_COLUMN, K_TEXT_MODE, K_TOKENIZER, K_DTYPE = "source_format", "column", "text_mode", "tokenizer", "dtype"
+K_SOURCE_FORMAT, K_COLUMN, K_TEXT_MODE = "source_format", "column", "text_mode"
+K_TOKENIZER, K_DTYPE = "tokenizer", "dtype"
 HEADER = (K_SOURCE_FORMAT, K_COLUMN, K_TEXT_MODE, K_TOKENIZER, K_DTYPE)
 K_SIZE, K_KEY, K_UNITS, K_CACHE, K_CACHE_BYTES, K_DOCUMENTS, K_TOKENS = (
     "size", "key", "units", "cache", "cache_bytes", "documents", "tokens")
@@ -136,9 +137,10 @@ def read_parts(fs: pafs.FileSystem, folder: str, shown: str) -> List[Dict[str, A
             raise ValueError(f"{shown}/{os.path.basename(info.path)} is not valid JSON ({e}); delete it and build the "
                              "cache again (the files it listed are rebuilt)") from e
         if not isinstance(doc, dict) or doc.get(K_FORMAT) != FORMAT or doc.get(K_VERSION) != VERSION:
+            found = (doc.get(K_FORMAT), doc.get(K_VERSION)) if isinstance(doc, dict) else None
             raise ValueError(f"{shown}/{os.path.basename(info.path)} is not a {FORMAT} manifest of version {VERSION} "
-                             f"(format {doc.get(K_FORMAT) if isinstance(doc, dict) else None!r}); build the cache again "
-                             "with this tokenloom into an empty directory")
+                             f"(format and version {found!r}); build the cache again with this tokenloom into an "
+                             "empty directory")
         parts.append(doc)
     return parts
 
