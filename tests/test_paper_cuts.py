@@ -226,10 +226,12 @@ def test_check_int():
 # --- 8. the summary says which document count is which -------------------------------------
 
 def test_summary_tells_documents_read_from_documents_delivered(two_sources, tok_path):
-    loader = pretrain({s.split("=")[0]: s.split("=")[1] for s in two_sources}, tokenizer=tok_path, seq_len=32,
-                      batch_size=2, buffer_size=40, weights={"a": 0.5, "b": 0.5})
+    # rows longer than the documents, so the buffer holds documents no batch has begun yet
+    loader = pretrain({s.split("=")[0]: s.split("=")[1] for s in two_sources}, tokenizer=tok_path, seq_len=256,
+                      batch_size=2, buffer_size=40, buffer_tokens=1 << 20, weights={"a": 0.5, "b": 0.5})
     trace = Trace()
-    take(iter(loader), 5, trace, Progress("pretrain", 5, enabled=False))
+    # past the buffer's ramp (it fills as rows are emitted)
+    take(iter(loader), 20, trace, Progress("pretrain", 20, enabled=False))
     stats = loader.stats()
     begun = sum(s["documents"] for s in stats["sources"].values())
     assert 0 < begun < stats["documents"]  # the buffer holds documents no batch has begun yet

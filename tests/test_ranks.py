@@ -37,9 +37,21 @@ def _run_rank(build, rank, out):
     out[rank] = list(build(rank))
 
 
+@pytest.fixture(scope="module")
+def fitting_corpus(tmp_path_factory):
+    """Heavy-tailed lengths capped at 120 words, so every document fits a row of 256 tokens and
+    is never cut: each segment that starts with BOS then carries its document's whole id."""
+    from .conftest import synthetic_texts, write_corpus
+
+    root = tmp_path_factory.mktemp("fitting")
+    texts = [" ".join(t.split()[:120]) for t in synthetic_texts(1500)]
+    write_corpus(str(root), texts)
+    return str(root / "*.parquet"), texts
+
+
 @pytest.mark.parametrize("num_workers", [0, 2])
-def test_two_ranks_finite_epoch(corpus, tok_path, num_workers):
-    glob, texts = corpus
+def test_two_ranks_finite_epoch(fitting_corpus, tok_path, num_workers):
+    glob, texts = fitting_corpus
     sync = ThreadSync(2)
 
     def build(rank):

@@ -32,7 +32,7 @@ FLAG_OF: Dict[str, str] = {
 NO_FLAG = ("on_error", "on_null", "require_type", "field", "cycle_exhausted", "pattern", "burst", "rank",
            "world_size", "rank_sync", "padding_batch", "manifest", "device", "errors", "fmt",
            "endpoint_override", "scheme", "max_wait", "prefetch_factor", "persistent_workers", "pin_memory",
-           "snapshot_every_n_steps", "cache")
+           "snapshot_every_n_steps")
 
 # Whole phrases first: where a word-for-word rewrite would not read as advice for a flag.
 _PHRASES = (
