@@ -54,6 +54,9 @@ def s3(tmp_path_factory):
     server.start()
     url = f"http://127.0.0.1:{port}"
     try:
+        # moto keeps its accounts, users and buckets per process: another module's server in this
+        # test process (tests/test_cache.py uses this fixture too) left them behind
+        urllib.request.urlopen(urllib.request.Request(f"{url}/moto-api/reset", data=b"", method="POST"), timeout=10)
         iam = boto3.client("iam", endpoint_url=url, region_name="us-east-1", aws_access_key_id="setup",
                            aws_secret_access_key="setup")
         iam.create_user(UserName="loader")
