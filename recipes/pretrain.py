@@ -63,7 +63,7 @@ def pretrain(
     GPT/nanochat style: the model learns where documents end) or -100 (False: nothing is
     trained across a document boundary), the same in every packing mode. ``pad``: the
     token string or id of padding ``input_ids`` (default: the BOS id). ``buffer_tokens``: the
-    most tokens the best-fit buffer holds (default: 32 rows' worth; ``"bestfit-crop"``: half a row per
+    most tokens the best-fit buffer holds (default: 16 rows' worth; ``"bestfit-crop"``: half a row per
     document of ``buffer_size``), which bounds what a resume re-reads.
     ``cache``: the directory (path or URI) ``tokenloom tokenize --out`` wrote, or ``{name: directory}``:
     token ids are read from it instead of text, giving bitwise the same batches and states that load

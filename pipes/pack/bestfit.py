@@ -18,7 +18,7 @@ floor is the tokens beyond ``C`` of documents longer than a row. Measured in
 benchmarks/RESULTS.md.
 
 The buffer is bounded in tokens as well as documents (``buffer_tokens``, by
-default 32 rows' worth in ``bestfit``, half a row per document of ``buffer_size``
+default 16 rows' worth in ``bestfit``, half a row per document of ``buffer_size``
 in ``crop``), and it ramps up: before
 row ``r`` it may hold ``RAMP_START + r // RAMP_EVERY`` rows' worth of tokens. So
 the first row waits for about one row of tokens instead of a whole buffer
@@ -26,11 +26,13 @@ the first row waits for about one row of tokens instead of a whole buffer
 a restore re-reads a window bounded in tokens, not only in documents. The ramp
 is a function of the rows emitted, which the state saves, so a restore fills
 exactly as the run that saved. Trade-off, measured at T=2048 (first_batch.py,
-packing.py): 32 rows pad 0.0000-0.003% on stdlib, markdown and man-page
-lengths (16 rows: up to 0.07% on man pages, where many documents lie between
-half a row and a row), against a window of ~100-150k tokens per worker instead
-of a whole buffer (1000 code documents: ~4.7M); the ramp adds a little padding
-in the first rows only. ``crop`` keeps a larger default because it loses less
+packing.py): 16 rows pad 0.0000-0.015% on stdlib, markdown and man-page
+lengths (32 rows: up to 0.003%; 4: up to 2%, on man pages, where many documents
+lie between half a row and a row), against a window of 36-88k tokens per worker
+on the demo corpus instead of a whole buffer (1000 code documents: 4.5-5M
+tokens; with 2 workers buffer 1000 reached its first batch in 1.16 s, now 0.22 s
+like buffer 10); the ramp pads a little more in the first rows only (0.017% of
+the first 64 on prose). ``crop`` keeps a larger default because it loses less
 the more short documents it can choose from (64 rows' worth instead: up to +1.8
 points on man-page lengths).
 
@@ -96,10 +98,10 @@ class BestFitPack(Node[Row]):
     #: Default ``buffer_tokens``: ``bestfit`` pads next to nothing from a few dozen rows' worth, so a fixed
     #: number of rows; ``crop`` loses less the more short documents it can choose from, so half a row per
     #: document of ``buffer_size``.
-    BESTFIT_ROWS = 32
+    BESTFIT_ROWS = 16
     #: The ramp: before row ``r`` the buffer may hold ``(RAMP_START + r / RAMP_EVERY)`` rows' worth of tokens.
     RAMP_START = 1
-    RAMP_EVERY = 4
+    RAMP_EVERY = 2
 
     def __init__(self, parent: Node[TokenDoc], *, seq_len: int, buffer_size: int = 1000, pad_id: int = 0,
                  max_wait: Optional[int] = None, mode: str = "bestfit", min_fill: int = 1,
