@@ -27,12 +27,13 @@ a restore re-reads a window bounded in tokens, not only in documents. The ramp
 is a function of the rows emitted, which the state saves, so a restore fills
 exactly as the run that saved. Trade-off, measured at T=2048 (first_batch.py,
 packing.py): 16 rows pad 0.0000-0.015% on stdlib, markdown and man-page
-lengths (32 rows: up to 0.003%; 4: up to 2%, on man pages, where many documents
-lie between half a row and a row), against a window of 36-88k tokens per worker
+lengths (32 rows: up to 0.003%; 4: up to 1.8%, on man pages, where many documents
+lie between half a row and a row), against a window of 34-88k tokens per worker
 on the demo corpus instead of a whole buffer (1000 code documents: 4.5-5M
-tokens; with 2 workers buffer 1000 reached its first batch in 1.16 s, now 0.22 s
-like buffer 10); the ramp pads a little more in the first rows only (0.017% of
-the first 64 on prose). ``crop`` keeps a larger default because it loses less
+tokens; with 2 workers buffer 1000 reached its first batch in 1.16 s, now 0.23 s
+like buffer 10); the ramp pads in the first rows only (man pages: 0.46% of the
+first 64 rows, 0.06% of the first 512; starting at 1 row and growing one row per
+4 rows emitted it was 1.7%). ``crop`` keeps a larger default because it loses less
 the more short documents it can choose from (64 rows' worth instead: up to +1.8
 points on man-page lengths).
 
