@@ -88,6 +88,21 @@ class FileChangedError(RuntimeError):
     """A file is not the one that was listed (its size changed)."""
 
 
+class FileUnits:
+    """What every format's table of work units shares (parquet `UnitTable`, text and jsonl
+    `LineUnitTable`, Hugging Face `ArrowUnits`): unit ``i`` lies in ``files[file[i]]`` and
+    holds ``rows[i]`` rows. The subclasses are dataclasses that declare those fields."""
+
+    @property
+    def total_rows(self) -> int:
+        return int(self.rows.sum())
+
+    def path(self, unit: int) -> str:
+        """The URI (else the path) of the file unit ``unit`` lies in, as messages name it."""
+        f = self.files[int(self.file[unit])]
+        return f.uri or f.path
+
+
 #: pyarrow/AWS error codes that mean "these credentials are refused".
 _DENIED = ("ACCESS_DENIED", "SIGNATURE_DOES_NOT_MATCH", "INVALID_ACCESS_KEY_ID", "EXPIRED_TOKEN",
            "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "Forbidden", "Unauthorized")

@@ -60,7 +60,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from .files import FileChangedError, SourceFile
+from .files import FileChangedError, FileUnits, SourceFile
 from .parquet import LIST, REQUIRES, TEXT, ReadParquet, column_kind
 
 #: The format name plans and fingerprints carry.
@@ -107,7 +107,7 @@ def is_hf_source(spec: Any) -> bool:
 
 
 @dataclass
-class ArrowUnits:
+class ArrowUnits(FileUnits):
     """The work units of a dataset: unit ``i`` is rows ``[start[i], start[i] + rows[i])`` of
     ``files[file[i]]``, whose column ``names[column[i]]`` holds the documents."""
 
@@ -118,16 +118,11 @@ class ArrowUnits:
     start: np.ndarray
     rows: np.ndarray
 
-    @property
-    def total_rows(self) -> int:
-        return int(self.rows.sum())
-
     def where(self, unit: int, row: Optional[int] = None) -> str:
         """A human-readable location for error messages (rows counted in the file)."""
-        f = self.files[int(self.file[unit])]
         a = int(self.start[unit])
-        loc = f"{f.path}, rows {a}-{a + int(self.rows[unit]) - 1}"
-        return loc if row is None else f"{f.path}, row {a + row}"
+        loc = f"{self.path(unit)}, rows {a}-{a + int(self.rows[unit]) - 1}"
+        return loc if row is None else f"{self.path(unit)}, row {a + row}"
 
 
 def _map_table(path: str) -> pa.Table:

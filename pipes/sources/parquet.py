@@ -48,13 +48,13 @@ from ..base import Node
 from .fingerprint import content_key
 from ..items import Doc
 from ..shard import ROW_ORDER_TAG, ShardUnits, WorkSlice, rng_for, unread_after
-from .files import FileChangedError, SourceFile
+from .files import FileChangedError, FileUnits, SourceFile
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
-class UnitTable:
+class UnitTable(FileUnits):
     """The work units of one source: unit ``i`` is row group ``row_group[i]`` of
     ``files[file[i]]`` with ``rows[i]`` rows."""
 
@@ -63,14 +63,9 @@ class UnitTable:
     row_group: np.ndarray
     rows: np.ndarray
 
-    @property
-    def total_rows(self) -> int:
-        return int(self.rows.sum())
-
     def where(self, unit: int, row: Optional[int] = None) -> str:
         """A human-readable location for error messages."""
-        f = self.files[int(self.file[unit])]
-        loc = f"{f.uri or f.path}, row group {int(self.row_group[unit])}"
+        loc = f"{self.path(unit)}, row group {int(self.row_group[unit])}"
         return loc if row is None else f"{loc}, row {row}"
 
 

@@ -51,7 +51,7 @@ import numpy as np
 from ..base import Node
 from ..items import Doc
 from ..shard import ROW_ORDER_TAG, ShardUnits, WorkSlice, rng_for, unread_after
-from .files import SourceFile
+from .files import FileUnits, SourceFile
 
 #: Bytes read per step while listing; a line longer than this is joined across steps.
 CHUNK_BYTES = 8 << 20
@@ -73,11 +73,11 @@ DECODE_ERRORS = ("strict", "replace")
 
 
 @dataclass
-class LineUnitTable:
+class LineUnitTable(FileUnits):
     """The work units of line-based files: unit ``i`` is bytes ``[start[i], end[i])`` of
     ``files[file[i]]``, starting at line ``first_line[i]`` (1-based) and holding ``rows[i]``
     rows of kind ``kind`` (see the module docstring). Same ``files``/``rows``/``where()``
-    interface as the parquet `UnitTable`, so `ShardUnits` takes ``table.rows``."""
+    interface as the parquet `UnitTable` (`FileUnits`), so `ShardUnits` takes ``table.rows``."""
 
     files: List[SourceFile]
     file: np.ndarray
@@ -87,14 +87,6 @@ class LineUnitTable:
     rows: np.ndarray
     kind: str
     blank_lines: int = 0
-
-    @property
-    def total_rows(self) -> int:
-        return int(self.rows.sum())
-
-    def path(self, unit: int) -> str:
-        f = self.files[int(self.file[unit])]
-        return f.uri or f.path
 
     def where(self, unit: int, row: Optional[int] = None) -> str:
         """A human-readable location for error messages."""
