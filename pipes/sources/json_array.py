@@ -36,7 +36,7 @@ from typing import Any, Callable, List, Optional, Tuple
 import numpy as np
 
 from .files import SourceFile
-from .text_files import BOM, CHUNK_BYTES, _WS, _UnitBuilder
+from .text_files import CHUNK_BYTES, _WS, _UnitBuilder, read_blocks
 
 QUOTE, BACKSLASH, COMMA, NEWLINE = 34, 92, 44, 10
 OPENERS = (ord("["), ord("{"))
@@ -91,17 +91,11 @@ def split_elements(data: bytes) -> Tuple[np.ndarray, np.ndarray]:
 def first_byte(f: SourceFile, opener: Callable[[SourceFile], Any]) -> bytes:
     """The first byte of ``f`` that is not whitespace (nor a byte order mark); ``b""`` if none."""
     with opener(f) as h:
-        head = True
-        while True:
-            chunk = h.read(1 << 16)
-            if not chunk:
-                return b""
-            if head and chunk.startswith(BOM):
-                chunk = chunk[len(BOM):]
-            head = False
+        for _, chunk in read_blocks(h, 1 << 16):
             stripped = chunk.lstrip()
             if stripped:
                 return stripped[:1]
+    return b""
 
 
 class ArrayError(ValueError):
@@ -128,13 +122,8 @@ def scan_array(f: SourceFile, opener: Callable[[SourceFile], Any], *, rows_per_u
                          "array of objects, [{...}, {...}]: fix the file, or convert it to JSON lines")
 
     with opener(f) as h:
-        head = True
-        while True:
-            chunk = h.read(CHUNK_BYTES)
-            if head:
-                head = False
-                if chunk.startswith(BOM):
-                    chunk, off = chunk[len(BOM):], len(BOM)
+        for dropped, chunk in read_blocks(h, CHUNK_BYTES):
+            off += dropped
             final = not chunk
             buf = pending + chunk if pending else chunk
             n = len(buf)

@@ -44,7 +44,7 @@ from __future__ import annotations
 import re
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -154,6 +154,17 @@ class _UnitBuilder:
         return [(s, e, line, rows) for (s, line, rows), e in zip(self.units, ends)]
 
 
+def read_blocks(handle: Any, size: int) -> Iterator[Tuple[int, bytes]]:
+    """``(dropped, block)`` for ``handle`` read ``size`` bytes at a time, up to an empty block (the
+    end): a UTF-8 byte order mark at the start is dropped from the first block, ``dropped`` its length."""
+    chunk = handle.read(size)
+    dropped = len(BOM) if chunk.startswith(BOM) else 0
+    yield dropped, chunk[dropped:]
+    while chunk:
+        chunk = handle.read(size)
+        yield 0, chunk
+
+
 def scan_file(f: SourceFile, *, paragraphs: bool, rows_per_unit: int, max_unit_bytes: int = MAX_UNIT_BYTES,
               opener: Optional[Callable[[SourceFile], Any]] = None
               ) -> Tuple[List[Tuple[int, int, int, int]], int, Optional[bytes]]:
@@ -167,13 +178,8 @@ def scan_file(f: SourceFile, *, paragraphs: bool, rows_per_unit: int, max_unit_b
     pending: List[bytes] = []
     try:
         with (opener(f) if opener is not None else f.open()) as handle:
-            first = True
-            while True:
-                chunk = handle.read(CHUNK_BYTES)
-                if first:
-                    first = False
-                    if chunk.startswith(BOM):
-                        chunk, off = chunk[len(BOM):], len(BOM)
+            for dropped, chunk in read_blocks(handle, CHUNK_BYTES):
+                off += dropped
                 final = not chunk
                 if not final and b"\n" not in chunk:
                     pending.append(chunk)  # a long line: join once, when it ends
