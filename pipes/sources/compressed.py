@@ -155,16 +155,6 @@ class CompressedUnitBytes(UnitBytes):
         self._ranges = DecompressedRanges(units.files)
 
     def read(self, u: int) -> bytes:
-        t = self.units
-        i = int(t.file[u])
-        if not self._compressed[i]:
+        if not self._compressed[int(self.units.file[u])]:
             return super().read(u)
-        start, end = int(t.start[u]), int(t.end[u])
-        try:
-            data = self._ranges.read(i, start, end)
-        except OSError as e:
-            raise RuntimeError(f"cannot read {t.where(u)}: {e}") from e
-        if len(data) != end - start:
-            raise RuntimeError(f"{t.where(u)}: read {len(data)} decompressed bytes of {end - start}; "
-                               "the file changed after the loader was built: rebuild the loader")
-        return data
+        return self._checked(u, self._ranges.read, "decompressed bytes")

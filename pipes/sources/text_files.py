@@ -288,16 +288,23 @@ class UnitBytes:
         return h
 
     def read(self, u: int) -> bytes:
+        return self._checked(u, self._range)
+
+    def _range(self, i: int, start: int, end: int) -> bytes:
+        h = self._handle(i)
+        h.seek(start)
+        return h.read(end - start)
+
+    def _checked(self, u: int, read: Callable[[int, int, int], bytes], what: str = "bytes") -> bytes:
+        """Unit ``u``'s bytes, ``read(file, start, end)``; a failed or short read names the unit."""
         t = self.units
         start, end = int(t.start[u]), int(t.end[u])
         try:
-            h = self._handle(int(t.file[u]))
-            h.seek(start)
-            data = h.read(end - start)
+            data = read(int(t.file[u]), start, end)
         except OSError as e:
             raise RuntimeError(f"cannot read {t.where(u)}: {e}") from e
         if len(data) != end - start:
-            raise RuntimeError(f"{t.where(u)}: read {len(data)} bytes of {end - start}; "
+            raise RuntimeError(f"{t.where(u)}: read {len(data)} {what} of {end - start}; "
                                "the file changed after the loader was built: rebuild the loader")
         return data
 
