@@ -58,7 +58,7 @@ from ..shard import ShardUnits, WorkSlice
 from .compressed import CompressedUnitBytes, compression_of, content_key, merge_units, open_decompressed
 from .files import SourceFile
 from .json_array import first_byte, scan_array, split_elements
-from .text_files import MAX_UNIT_BYTES, LineUnitTable, UnitCursor, scan_file
+from .text_files import MAX_UNIT_BYTES, CursorReader, LineUnitTable, UnitCursor, scan_file
 
 log = logging.getLogger(__name__)
 
@@ -191,7 +191,7 @@ def list_jsonl_units(files: Sequence[SourceFile], *, field: Optional[str] = "tex
                          np.asarray(cols["rows"], np.int64), "lines", blanks, np.asarray(arrays, bool))
 
 
-class ReadJsonl(Node[Doc]):
+class ReadJsonl(CursorReader, Node[Doc]):
     """Reads ``field`` of every JSON line (or array element) of the slices a `ShardUnits` node
     emits: ``Doc(value, source, unit, row)`` with ``row`` the record's index among the unit's
     non-blank lines (or elements), in file order. See the module docstring for bad lines."""
@@ -284,12 +284,6 @@ class ReadJsonl(Node[Doc]):
     def skipped(self) -> int:
         """Rows skipped so far (restored with the state); recipes show it in ``loader.stats()``."""
         return self._skipped
-
-    def unread(self, upto_epoch: int) -> List["WorkSlice"]:
-        return self._cursor.unread(upto_epoch)
-
-    def next_epoch(self) -> int:
-        return self._cursor.next_epoch()
 
     def carry_skipped(self, skipped: int) -> None:
         """Continue the skipped count of an elastic resume (elastic.py)."""

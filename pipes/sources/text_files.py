@@ -401,7 +401,18 @@ class UnitCursor:
         return self._start_state, self._pos
 
 
-class ReadText(Node[Doc]):
+class CursorReader:
+    """What a reader whose position is a `UnitCursor` (``self._cursor``) hands on to it: the rows
+    an elastic resume carries over (`unread`) and the epoch of the next row (`next_epoch`)."""
+
+    def unread(self, upto_epoch: int) -> List[WorkSlice]:
+        return self._cursor.unread(upto_epoch)
+
+    def next_epoch(self) -> int:
+        return self._cursor.next_epoch()
+
+
+class ReadText(CursorReader, Node[Doc]):
     """Reads the documents of plain-text units (`list_text_units`): ``Doc(text, source, unit,
     row)`` with ``row`` the document's index in its unit, in file order.
 
@@ -445,12 +456,6 @@ class ReadText(Node[Doc]):
     def next(self) -> Doc:
         s, row = self._cursor.next()
         return Doc(self._docs[row], self.source, s.unit, row, s.epoch, self._cursor.last_pos(), s.used)
-
-    def unread(self, upto_epoch: int) -> List[WorkSlice]:
-        return self._cursor.unread(upto_epoch)
-
-    def next_epoch(self) -> int:
-        return self._cursor.next_epoch()
 
     def get_state(self) -> Dict[str, Any]:
         parent, row = self._cursor.position()
