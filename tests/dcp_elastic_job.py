@@ -13,7 +13,6 @@ Each rank prints one JSON line.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -22,13 +21,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from tokenloom.pipes.loader.checkpoint import read_loader_states
-from tokenloom.recipes import pretrain
-
-
-def build(glob, tokenizer, num_workers):
-    # rank and world_size from torch.distributed; every other argument as in the saving run
-    return pretrain(glob, tokenizer=tokenizer, seq_len=127, batch_size=4, buffer_size=32, epochs=1,
-                    num_workers=num_workers, seed=5)
+from rank_common import build, finish
 
 
 def main():
@@ -58,10 +51,7 @@ def main():
         loader.load_state_dict(old)
         batches = list(loader)
         torch.save(batches, os.path.join(out_dir, f"after_w{world}_rank{rank}.pt"))
-    info["batches"] = len(batches)
-    dist.barrier()
-    dist.destroy_process_group()
-    print(json.dumps(info), flush=True)
+    finish(info, batches)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ Each rank prints one JSON line with what the test checks besides the batches.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -24,13 +23,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from tokenloom.pipes.loader.rank_sync import TorchDistSync
-from tokenloom.recipes import pretrain
-
-
-def build(glob, tokenizer, num_workers):
-    # rank and world_size come from torch.distributed, and so does the rank sync (epochs=1).
-    return pretrain(glob, tokenizer=tokenizer, seq_len=127, batch_size=4, buffer_size=32, epochs=1,
-                    num_workers=num_workers, seed=5)
+from rank_common import build, finish
 
 
 def main():
@@ -74,10 +67,7 @@ def main():
         batches = list(loader)
         torch.save(batches, os.path.join(out_dir, f"resume_rank{rank}.pt"))
         torch.save(model.state_dict(), os.path.join(out_dir, f"model_resumed_rank{rank}.pt"))
-    info["batches"] = len(batches)
-    dist.barrier()
-    dist.destroy_process_group()
-    print(json.dumps(info), flush=True)
+    finish(info, batches)
 
 
 if __name__ == "__main__":
