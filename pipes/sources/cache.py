@@ -50,7 +50,7 @@ from .cache_format import (K_CACHE, K_CACHE_BYTES, K_KEY, K_SIZE, K_TOKENIZER, K
                            dtype_for, file_entry, file_units, header, header_conflict, matches, merged_files, open_root,
                            read_parts, source_dir)
 from .readers import SourcePlan
-from .text_files import CursorReader, UnitCursor
+from .text_files import CursorReader, SkipCount, UnitCursor
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ class CachedPlan(SourcePlan):
         return cls(shard, self, self.cache, seed=seed)
 
 
-class ReadCached(CursorReader, Node[Doc]):
+class ReadCached(CursorReader, SkipCount, Node[Doc]):
     """Reads the documents of the slices a `ShardUnits` node emits from a token cache, as
     `Pretokenized` ids; a unit the cache lacks is read as text (see the module docstring).
     Null rows are skipped and counted, as the text readers do."""
@@ -191,15 +191,6 @@ class ReadCached(CursorReader, Node[Doc]):
                     self._skip(s.unit, row)
                     continue
             return Doc(text, self.source, s.unit, row, s.epoch, self._cursor.last_pos(), s.used)
-
-    @property
-    def skipped(self) -> int:
-        """Rows skipped so far (restored with the state), as the text readers count them."""
-        return self._skipped
-
-    def carry_skipped(self, skipped: int) -> None:
-        """Continue the skipped count of an elastic resume (elastic.py)."""
-        self._skipped = int(skipped)
 
     def get_state(self) -> Dict[str, Any]:
         parent, row = self._cursor.position()

@@ -58,7 +58,7 @@ from ..shard import ShardUnits, WorkSlice
 from .compressed import CompressedUnitBytes, compression_of, content_key, merge_units, open_decompressed
 from .files import SourceFile
 from .json_array import first_byte, scan_array, split_elements
-from .text_files import MAX_UNIT_BYTES, CursorReader, LineUnitTable, UnitCursor, scan_file
+from .text_files import MAX_UNIT_BYTES, CursorReader, LineUnitTable, SkipCount, UnitCursor, scan_file
 
 log = logging.getLogger(__name__)
 
@@ -191,7 +191,7 @@ def list_jsonl_units(files: Sequence[SourceFile], *, field: Optional[str] = "tex
                          np.asarray(cols["rows"], np.int64), "lines", blanks, np.asarray(arrays, bool))
 
 
-class ReadJsonl(CursorReader, Node[Doc]):
+class ReadJsonl(CursorReader, SkipCount, Node[Doc]):
     """Reads ``field`` of every JSON line (or array element) of the slices a `ShardUnits` node
     emits: ``Doc(value, source, unit, row)`` with ``row`` the record's index among the unit's
     non-blank lines (or elements), in file order. See the module docstring for bad lines."""
@@ -279,15 +279,6 @@ class ReadJsonl(CursorReader, Node[Doc]):
                 self._warned.add(kind)
                 log.warning("skipping line at %s: %s (further %s lines are counted in the reader state as "
                             "'skipped', not logged)", where, what, kind)
-
-    @property
-    def skipped(self) -> int:
-        """Rows skipped so far (restored with the state); recipes show it in ``loader.stats()``."""
-        return self._skipped
-
-    def carry_skipped(self, skipped: int) -> None:
-        """Continue the skipped count of an elastic resume (elastic.py)."""
-        self._skipped = int(skipped)
 
     def get_state(self) -> Dict[str, Any]:
         parent, row = self._cursor.position()

@@ -49,6 +49,7 @@ from .fingerprint import content_key
 from ..items import Doc
 from ..shard import ROW_ORDER_TAG, ShardUnits, WorkSlice, rng_for, unread_after
 from .files import FileChangedError, FileUnits, SourceFile
+from .text_files import SkipCount
 
 log = logging.getLogger(__name__)
 
@@ -188,7 +189,7 @@ def _bad_utf8(value: pa.Scalar) -> bool:
     return False
 
 
-class ReadParquet(Node[Doc]):
+class ReadParquet(SkipCount, Node[Doc]):
     """Reads the documents of the slices a `ShardUnits` node emits.
 
     Null values are skipped, counted in the state (``skipped``, and per source in a
@@ -303,15 +304,6 @@ class ReadParquet(Node[Doc]):
                 s = self._slice
                 return Doc(text, self.source, s.unit, int(self._rows[i]), s.epoch, s.lo + i, s.used)
             self._slice = None
-
-    @property
-    def skipped(self) -> int:
-        """Rows skipped so far (restored with the state); recipes show it in ``loader.stats()``."""
-        return self._skipped
-
-    def carry_skipped(self, skipped: int) -> None:
-        """Continue the skipped count of an elastic resume (elastic.py)."""
-        self._skipped = int(skipped)
 
     def next_epoch(self) -> int:
         """The epoch of the next row this reader would read."""

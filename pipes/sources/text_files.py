@@ -412,6 +412,20 @@ class CursorReader:
         return self._cursor.next_epoch()
 
 
+class SkipCount:
+    """What a reader that skips rows (null text, a bad line) shows of them: ``self._skipped``, the
+    count its state carries."""
+
+    @property
+    def skipped(self) -> int:
+        """Rows skipped so far (restored with the state); recipes show it in ``loader.stats()``."""
+        return self._skipped
+
+    def carry_skipped(self, skipped: int) -> None:
+        """Continue the skipped count of an elastic resume (elastic.py)."""
+        self._skipped = int(skipped)
+
+
 class ReadText(CursorReader, Node[Doc]):
     """Reads the documents of plain-text units (`list_text_units`): ``Doc(text, source, unit,
     row)`` with ``row`` the document's index in its unit, in file order.
