@@ -306,12 +306,25 @@ def threads_wanted() -> int:
     return 1 if off else (os.cpu_count() or 1)
 
 
+def _ordinary_ids(core: Any) -> Any:
+    """text -> int32 ids, special-token spellings as text. The core's buffer encoder, where this
+    tiktoken has it, with no special token allowed: the same ids as ``encode_ordinary`` (checked on
+    the sample in tests), written into one buffer instead of a list of Python ints; 18% less time a
+    token on man pages with a 100k-id BPE (0.39 -> 0.32 s for 2.7 M tokens, one thread)."""
+    to_buffer = getattr(core, "encode_to_tiktoken_buffer", None)
+    if to_buffer is None:  # tiktoken < 0.8
+        return lambda text: np.asarray(core.encode_ordinary(text), dtype=np.int32)
+    none: frozenset = frozenset()
+    # ids are < 2**31, so the uint32 buffer is read as int32 without a copy
+    return lambda text: np.frombuffer(to_buffer(text, none), dtype=np.int32)
+
+
 def encode_batch(enc: Any, texts: Sequence[str], threads: Optional[int] = None) -> List[np.ndarray]:
-    """int32 id arrays, special-token spellings encoded as text. Calls the core directly: a
-    text with a lone surrogate raises (as `tokenizers` does) instead of being repaired."""
-    core = enc._core_bpe
+    """int32 id arrays (read-only), special-token spellings encoded as text. Calls the core
+    directly: a text with a lone surrogate raises (as `tokenizers` does) instead of being repaired."""
+    encode = _ordinary_ids(enc._core_bpe)
     threads = threads_wanted() if threads is None else threads
     if threads <= 1 or len(texts) < 2:
-        return [np.asarray(core.encode_ordinary(t), dtype=np.int32) for t in texts]
+        return [encode(t) for t in texts]
     # The core releases the GIL while it encodes; a persistent pool, not one per call.
-    return [np.asarray(ids, dtype=np.int32) for ids in _executor().map(core.encode_ordinary, texts)]
+    return list(_executor().map(encode, texts))
