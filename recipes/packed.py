@@ -73,6 +73,13 @@ def default_prefetch_factor(batch_size: int, seq_len: int) -> int:
     return max(lo, min(hi, -(-PREFETCH_TOKENS // (batch_size * (seq_len + 1)))))
 
 
+def ring_bytes(batch_size: int, seq_len: int, prefetch_factor: int) -> int:
+    """Shared memory per worker for its ready batches (pipes/loader/wire_ring.py): a batch is
+    five (B, T) arrays of 4 bytes a token on the way, plus small ones; room for
+    ``prefetch_factor`` + 2 batches (one being written, one at the ring's wrap)."""
+    return (prefetch_factor + 2) * (20 * batch_size * seq_len + 4096)
+
+
 def dist_rank_world(rank: Optional[int], world_size: Optional[int]) -> tuple:
     """Rank and world size: as given, else from an initialized torch.distributed, else (0, 1)."""
     if rank is None or world_size is None:
@@ -457,9 +464,12 @@ def packed_loader(
     padding = functools.partial(collate_rows, [], batch_size=batch_size, seq_len=seq_len, pad_id=pad_id,
                                 end_label=end_label)
     loader_kwargs = dict(loader_kwargs)
+    ring = None
     if num_workers > 0:
         loader_kwargs.setdefault("prefetch_factor", default_prefetch_factor(batch_size, seq_len))
+        ring = ring_bytes(batch_size, seq_len, loader_kwargs["prefetch_factor"] or 2)
     return TokenLoomLoader(graph, config=config, rank=rank, world_size=world_size, num_workers=num_workers,
+                           ring_bytes=ring,
                            stats_keys=stat_keys(names, chat is not None), stats_view=PackedStatsView(
                                names, schedule, rows={p.name: PackedStatsView.rank_rows(p.total_rows, rank, world_size,
                                                                                         num_workers) for p in plans},

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from tokenloom.pipes.loader.wire import WireBatch, unwrap
+from tokenloom.pipes.loader.wire_ring import BatchRing
 from tokenloom.recipes import pretrain
 
 from .resume import items_equal
@@ -57,7 +58,8 @@ def test_int64_travels_as_int32_only_when_every_value_fits():
     big = torch.tensor([[0, 2**31 - 1], [-(2**31), 5]], dtype=torch.int64)
     huge = torch.tensor([2**31, -1], dtype=torch.int64)
     wire = WireBatch({"fits": big, "huge": huge, "empty": torch.empty(0, 3, dtype=torch.int64)})
-    assert wire.payload["fits"].array.dtype == np.int32 and wire.payload["huge"].array.dtype == np.int64
+    sent = {k: wire.payload[k].__reduce__()[1][0] for k in ("fits", "huge")}  # what the pipe carries
+    assert sent["fits"].dtype == np.int32 and sent["huge"].dtype == np.int64
     got = unwrap(_through_queue(wire))
     for k, v in {"fits": big, "huge": huge}.items():
         assert got[k].dtype == torch.int64 and torch.equal(got[k], v)
@@ -82,3 +84,82 @@ def test_the_loop_gets_the_same_tensors_with_and_without_workers(corpus, tok_pat
 def test_pin_memory_pins_in_the_pin_thread():
     got = WireBatch({"x": torch.ones(4)}).pin_memory()
     assert got["x"].is_pinned()
+
+
+def _batch(seed: int, rows: int = 4, width: int = 64):
+    g = torch.Generator().manual_seed(seed)
+    return {"input_ids": torch.randint(0, 50_000, (rows, width), generator=g),
+            "labels": torch.randint(-100, 50_000, (rows, width), generator=g),
+            "segment_ids": torch.randint(0, 5, (rows, width), generator=g, dtype=torch.int32),
+            "big": torch.tensor([2**40, 1]), "max_seqlen": torch.tensor(width, dtype=torch.int32)}
+
+
+def _same(a, b):
+    assert set(a) == set(b)
+    for k in a:
+        assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
+
+
+def test_batches_through_the_ring_wrap_around_and_free_their_space():
+    one = sum(WireBatch(_batch(0)).payload[k].array.nbytes for k in _batch(0))
+    ring = BatchRing(3 * one)  # room for about two batches at a time: every third one wraps
+    sent = [_batch(i) for i in range(20)]
+    for i in range(0, 20, 2):  # two in flight, as a worker with two ready batches
+        wires = [WireBatch(b, ring) for b in sent[i:i + 2]]
+        assert all(w._freed_to is not None for w in wires)  # both went through the ring
+        bytes_ = [ForkingPickler.dumps(w) for w in wires]
+        assert all(len(b) < 2000 for b in bytes_)  # the queue carries where the arrays are, not them
+        for b, want in zip(bytes_, sent[i:i + 2]):
+            _same(unwrap(pickle.loads(b)), want)
+    head, tail = ring._ctrl
+    assert head == tail > 6 * one  # every batch freed its space; the ring went round more than twice
+
+
+def test_a_batch_that_does_not_fit_goes_through_the_pipe():
+    ring = BatchRing(1024)
+    w = WireBatch(_batch(1), ring)
+    assert w._freed_to is None and ring._ctrl[0] == 0
+    _same(unwrap(_through_queue(w)), _batch(1))
+    full = BatchRing(3 * 1024)
+    first = WireBatch({"x": torch.arange(400)}, full)  # 3.2 KB of the 3 KB... narrowed: 1.6 KB
+    assert first._freed_to is not None
+    second = WireBatch({"x": torch.arange(400)}, full)  # the first is not decoded yet: no room
+    assert second._freed_to is None
+    _same(unwrap(_through_queue(second)), {"x": torch.arange(400)})
+    _same(unwrap(_through_queue(first)), {"x": torch.arange(400)})
+    assert WireBatch({"x": torch.arange(400)}, full)._freed_to is not None  # decoded, so freed
+
+
+def test_a_pickled_ring_is_not_used_and_a_forgotten_ring_says_so():
+    ring = BatchRing(1 << 20)
+    copy = pickle.loads(pickle.dumps(ring))  # what a spawn or forkserver worker receives
+    assert not copy.usable
+    w = WireBatch(_batch(2), copy)
+    assert w._freed_to is None
+    _same(unwrap(_through_queue(w)), _batch(2))
+    late = ForkingPickler.dumps(WireBatch(_batch(3), ring))
+    ring.release()
+    with pytest.raises(RuntimeError, match="earlier iterator"):
+        unwrap(pickle.loads(late))
+
+
+@pytest.mark.parametrize("context", ["fork", "forkserver"])
+def test_workers_send_through_their_rings_when_forked(corpus, tok_path, context):
+    def batches(workers, **kw):
+        loader = pretrain(corpus[0], tokenizer=tok_path, seq_len=63, batch_size=2, buffer_size=16, seed=1,
+                          num_workers=workers, epochs=1, **kw)
+        return loader, [b for b in loader]
+
+    _, alone = batches(0)
+    loader, got = batches(2, multiprocessing_context=context)
+    assert len(got) == len(alone) > 5
+    heads = [int(r._ctrl[0]) for r in loader.dataset.rings] if loader.dataset.rings else []
+    if context == "fork":
+        assert len(heads) == 2 and min(heads) > 0  # both workers wrote their batches into shared memory
+    else:
+        assert heads == []  # the dataset is pickled into these workers: batches go through the pipe
+    ref = pretrain(corpus[0], tokenizer=tok_path, seq_len=63, batch_size=2, buffer_size=16, seed=1, num_workers=2,
+                   epochs=1)
+    ref.ring_bytes = None
+    for a, b in zip([b for b in ref], got):
+        _same(a, b)

@@ -43,6 +43,7 @@ from ..base import StateError
 from .elastic import CARRY, OldShard, apply_carry, plan_shards, trimmed, worker_trees
 from ..sources.fingerprint import check_sources
 from .wire import WireBatch, unwrap
+from .wire_ring import BatchRing, make_rings, uses_fork
 from .worker_memory import settle_worker_malloc
 from .worker_threads import single_thread_tokenizers
 
@@ -114,6 +115,8 @@ class NodeDataset(IterableDataset):
         self._root_round: Optional[int] = None
         self._active_round = 0
         self._failed: Optional[Exception] = None
+        # One shared-memory ring per worker (wire_ring.py), made before the workers fork.
+        self.rings: Optional[List[BatchRing]] = None
 
     @property
     def round(self) -> int:
@@ -176,8 +179,12 @@ class NodeDataset(IterableDataset):
             raise
         except Exception as e:
             _raise_portable(e)
-        # Numpy crosses the process boundary ~5x cheaper than tensors (see wire.py).
-        return WireBatch(batch) if get_worker_info() is not None else batch
+        # Numpy crosses the process boundary ~5x cheaper than tensors, shared memory cheaper
+        # still (see wire.py, wire_ring.py).
+        info = get_worker_info()
+        if info is None:
+            return batch
+        return WireBatch(batch, self.rings[info.id] if self.rings else None)
 
     def state_dict(self) -> Dict[str, Any]:
         # A graph that failed to build has no position (its error comes with the first batch).
@@ -264,7 +271,7 @@ class TokenLoomLoader(StatefulDataLoader):
                  num_workers: int = 0, stats_keys: Sequence[str] = (), stats_min_keys: Sequence[str] = (),
                  stats_view: Optional[Callable[[Dict[str, int], int], Dict[str, Any]]] = None,
                  rank_sync: Optional[Any] = None, padding_batch: Optional[Callable[[], Any]] = None,
-                 **loader_kwargs: Any):
+                 ring_bytes: Optional[int] = None, **loader_kwargs: Any):
         for bad in ("batch_size", "shuffle", "sampler", "batch_sampler", "collate_fn", "drop_last"):
             if bad in loader_kwargs:
                 raise TypeError(f"{bad}= is decided by the node graph, not by the DataLoader; remove it")
@@ -290,6 +297,8 @@ class TokenLoomLoader(StatefulDataLoader):
             super().__init__(dataset, batch_size=None, num_workers=num_workers, collate_fn=_identity,
                              **loader_kwargs)
         self.config = dict(config)
+        # Shared memory per worker for its batches (wire_ring.py); None: through the pipe only.
+        self.ring_bytes = ring_bytes if num_workers > 0 else None
         self.stats_keys = tuple(stats_keys)
         # Counters every worker advances on its own shard (passes over a source): the loader's
         # figure is the least of them, not their sum.
@@ -325,6 +334,13 @@ class TokenLoomLoader(StatefulDataLoader):
             self._next_round()
         self._phase, self._padding_inner = self.DATA, None
         return _StatsIterator(self, super().__iter__())
+
+    def _get_iterator(self):
+        # Workers are forked in here: their rings must exist first. Fresh rings for fresh workers,
+        # so the workers of an iterator still alive cannot write into the new ones.
+        if self.ring_bytes and uses_fork(self.multiprocessing_context):
+            self.dataset.rings = make_rings(self.num_workers, self.ring_bytes)
+        return super()._get_iterator()
 
     def _see(self, batch: Any, count: bool = True) -> Any:
         if isinstance(batch, dict) and STATS_KEY in batch:

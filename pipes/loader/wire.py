@@ -19,6 +19,10 @@ that much less memory, for a min/max and a copy per array on each side.
 With ``pin_memory=True`` the loader's pin-memory thread calls
 `WireBatch.pin_memory`, so pinning stays off the training thread.
 
+Where the workers were forked, the arrays skip the pipe: each worker writes them
+into a shared-memory ring and the queue carries only their places
+(`wire_ring`); the pipe is the fallback for whatever does not fit.
+
 Trade-off: a batch larger than a few MB would be cheaper through shared memory
 (a pipe copy is ~1 GB/s here); token batches are 0.1-2 MB. Tensors numpy cannot
 hold (bfloat16) and anything that is not a tensor travel unchanged.
@@ -26,13 +30,13 @@ hold (bfloat16) and anything that is not a tensor travel unchanged.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, List, Optional, Tuple
 
 import numpy as np
 import torch
 
 
-_I32 = np.iinfo(np.int32)
+from . import wire_ring
 
 
 def _to_numpy(obj: Any) -> Any:
@@ -40,9 +44,7 @@ def _to_numpy(obj: Any) -> Any:
         if obj.device.type != "cpu" or obj.requires_grad or obj.dtype == torch.bfloat16:
             return obj
         a = obj.numpy()
-        if a.dtype == np.int64 and a.size and _I32.min <= a.min() and a.max() <= _I32.max:
-            return _Array(a.astype(np.int32), wide=True)
-        return _Array(a)
+        return _Array(a, wide=wire_ring.narrowable(a))
     if isinstance(obj, dict):
         return {k: _to_numpy(v) for k, v in obj.items()}
     if isinstance(obj, list):
@@ -52,11 +54,24 @@ def _to_numpy(obj: Any) -> Any:
     return obj
 
 
+def _arrays(obj: Any, out: List["_Array"]) -> List["_Array"]:
+    if isinstance(obj, _Array):
+        out.append(obj)
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            _arrays(v, out)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            _arrays(v, out)
+    return out
+
+
 def _to_torch(obj: Any, pin: bool) -> Any:
     if isinstance(obj, _Array):
-        # numpy's astype, not torch's .to(): profiled in the training process with 2 workers,
-        # ~10 us a call against 0.18 ms
-        t = torch.from_numpy(obj.array.astype(np.int64) if obj.wide else obj.array)
+        if obj.array is None:
+            raise RuntimeError("a batch sent by a worker of an earlier iterator arrived after a new iter(loader) "
+                               "replaced its shared memory; use the iterator returned by the latest iter(loader)")
+        t = torch.from_numpy(obj.array)
         return t.pin_memory() if pin else t
     if isinstance(obj, torch.Tensor):
         return obj.pin_memory() if pin else obj
@@ -71,27 +86,55 @@ def _to_torch(obj: Any, pin: bool) -> Any:
 
 class _Array:
     """Marks an array that was a tensor (a user's batch may hold numpy arrays of its own,
-    which must stay numpy)."""
+    which must stay numpy). In the worker: the tensor's array, ``wide`` if it is int64 with
+    values that fit int32 (it travels narrowed), ``place`` where it was written in the ring
+    (None: through the pipe). Arrived: the array as the tensor had it."""
 
-    __slots__ = ("array", "wide")
+    __slots__ = ("array", "wide", "place")
 
-    def __init__(self, array: np.ndarray, wide: bool = False):
-        self.array, self.wide = array, wide  # wide: int64 sent as int32
+    def __init__(self, array: Optional[np.ndarray], wide: bool = False):
+        self.array, self.wide, self.place = array, wide, None
 
     def __reduce__(self):
-        return _Array, (self.array, self.wide)
+        a = self.array
+        if self.place is not None:
+            token, offset = self.place
+            return _from_ring, (token, offset, np.dtype(np.int32 if self.wide else a.dtype).str, a.shape, self.wide)
+        # numpy's astype, not torch's .to(): profiled in the training process with 2 workers,
+        # ~10 us a call against 0.18 ms
+        return _from_pipe, (a.astype(np.int32) if self.wide else a, self.wide)
+
+
+def _from_pipe(array: np.ndarray, wide: bool) -> _Array:
+    return _Array(array.astype(np.int64) if wide else array)
+
+
+def _from_ring(token: str, offset: int, dtype: str, shape: Tuple[int, ...], wide: bool) -> _Array:
+    ring = wire_ring.ring_of(token)
+    return _Array(None if ring is None else ring.take(offset, dtype, shape, wide))
 
 
 class WireBatch:
-    """A batch in transit; `tensors` (or `pin_memory`) gives back the batch the graph built."""
+    """A batch in transit; `tensors` (or `pin_memory`) gives back the batch the graph built.
+    Made in a worker with its `wire_ring.BatchRing`, the arrays go through shared memory
+    where they fit."""
 
-    __slots__ = ("payload",)
+    __slots__ = ("payload", "_freed_to")
 
-    def __init__(self, batch: Any):
+    def __init__(self, batch: Any, ring: Optional[wire_ring.BatchRing] = None):
         self.payload = _to_numpy(batch)
+        self._freed_to: Optional[Tuple[str, int]] = None
+        if ring is not None and ring.usable:
+            arrays = _arrays(self.payload, [])
+            placed = ring.put([(x.array, x.wide) for x in arrays]) if arrays else None
+            if placed is not None:
+                _, end, offsets = placed
+                for x, off in zip(arrays, offsets):
+                    x.place = (ring.token, off)
+                self._freed_to = (ring.token, end)
 
     def __reduce__(self):
-        return _from_payload, (self.payload,)
+        return _from_payload, (self.payload, self._freed_to)
 
     def tensors(self) -> Any:
         return _to_torch(self.payload, pin=False)
@@ -102,9 +145,15 @@ class WireBatch:
         return _to_torch(self.payload, pin=True)
 
 
-def _from_payload(payload: Any) -> WireBatch:
+def _from_payload(payload: Any, freed_to: Optional[Tuple[str, int]] = None) -> WireBatch:
+    # Unpickled after its arrays (pickle builds the arguments first): they are copied out,
+    # so the ring's space up to this batch's end is free.
+    if freed_to is not None:
+        ring = wire_ring.ring_of(freed_to[0])
+        if ring is not None:
+            ring.free_to(freed_to[1])
     w = WireBatch.__new__(WireBatch)
-    w.payload = payload
+    w.payload, w._freed_to = payload, None
     return w
 
 
