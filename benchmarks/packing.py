@@ -70,6 +70,10 @@ def stdlib_lengths() -> np.ndarray:
 
 
 def markdown_lengths(limit: int) -> np.ndarray:
+    return _lengths(markdown_texts(limit))
+
+
+def markdown_texts(limit: int) -> list:
     """Every .md/.rst file on this machine (package READMEs, docs, changelogs): the closest
     thing to web text that every machine has. Sorted, capped at `limit` files."""
     import subprocess
@@ -87,7 +91,7 @@ def markdown_lengths(limit: int) -> np.ndarray:
             continue
         if t.strip():
             texts.append(t)
-    return _lengths(texts)
+    return texts
 
 
 def man_lengths() -> np.ndarray:

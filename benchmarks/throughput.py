@@ -19,13 +19,12 @@ tokenized per second (``tokens_in``, the ceiling's work); the target figure is
 the lower of the two (they differ by the best-fit buffer's swing, ~0.5M tokens).
 
 - ``ceiling``: the corpus's texts already in memory, through the tokenizer
-  alone, on all cores, nothing else, warm (an untimed first pass fills the
-  tokenizer's word cache, as a long-running loader's is), the higher of two
-  configurations: one single-threaded process per core (``encode_batch_fast``,
-  64 documents per call, each process given a share of about equal characters),
-  measured just before and after every loader run (this machine's speed drifts
-  by up to 1.7x within minutes), and one process on the tokenizer's own thread
-  pool (Rayon) with batches of 256 documents, once per round.
+  alone, on all cores, nothing else, warm: the best of the configurations of
+  `ceiling.py` (each engine that runs this tokenizer with the loader's ids,
+  `tokenizers` and tiktoken, on its own threads with batches of 256 and as one
+  single-threaded process per core). The loader's engine per core brackets every
+  loader run (this machine's speed drifts by up to 1.7x within minutes); the
+  others are measured once per round.
 - ``pretrain``: ``pretrain(...)`` (bestfit, T=2048, B=8, buffer 1000), 0/1/2
   workers; and 2 workers with what the defaults replaced: 8 ready batches per
   worker (the default is ~1M tokens, 64 batches here), and the tokenizer's
@@ -75,7 +74,8 @@ import sys
 import time
 from typing import Any, Dict, List
 
-from results_md import write_section  # noqa: E402 - benchmarks/ is on sys.path when run as a script
+import ceiling  # noqa: E402 - benchmarks/ is on sys.path when run as a script
+from results_md import write_section  # noqa: E402
 
 HERE = os.path.abspath(os.path.dirname(__file__))
 ROOT = os.path.dirname(HERE)
@@ -161,73 +161,9 @@ def torch_bytes(obj) -> int:
 
 # --- child tasks: each returns a JSON-able dict ---------------------------------------
 
-def task_ceiling(mode: str) -> dict:
-    """The documents through the tokenizer alone, warm (a first untimed pass fills its word cache, as
-    a long-running loader's is), on all cores; the wall time of the timed pass."""
-    texts = texts_of(corpus_files())
-    ncpu = os.cpu_count() or 1
-    if mode == "threads":
-        from tokenizers import Tokenizer
-
-        tok = Tokenizer.from_file(tok_path())
-        _encode_all(tok, texts, THREADS_BATCH)
-        cpu0 = time.process_time()
-        t0 = time.perf_counter()
-        n = _encode_all(tok, texts, THREADS_BATCH)
-        dt = time.perf_counter() - t0
-        cpu = time.process_time() - cpu0
-    else:  # one single-threaded tokenizer per core, forked after the texts are in memory
-        import multiprocessing as mp
-
-        ctx = mp.get_context("fork")  # the processes inherit the texts and the synchronisation objects
-        ready, go, results = ctx.Barrier(ncpu + 1), ctx.Event(), ctx.SimpleQueue()
-        procs = [ctx.Process(target=_encode_share, args=(share, ready, go, results))
-                 for share in _balanced_shares(texts, ncpu)]
-        for p in procs:
-            p.start()
-        ready.wait(timeout=600)  # every process has tokenized its share once
-        t0 = time.perf_counter()
-        go.set()
-        done = [results.get() for _ in procs]  # (tokens, CPU seconds of the timed pass) per process
-        dt = time.perf_counter() - t0
-        n, cpu = sum(d[0] for d in done), sum(d[1] for d in done)
-        for p in procs:
-            p.join()
-    return {"seconds": dt, "tokens": n + len(texts), "documents": len(texts),  # + one BOS per document
-            "cpu_s": cpu}
-
-
-#: The tokenizer's own best configuration: its thread pool on batches of this many documents.
-THREADS_BATCH = 256
-
-
-def _encode_all(tok, texts, batch: int = 64) -> int:
-    return sum(len(e.ids) for i in range(0, len(texts), batch)
-               for e in tok.encode_batch_fast(texts[i:i + batch], add_special_tokens=False))
-
-
-def _balanced_shares(texts: List[str], k: int) -> List[List[str]]:
-    """``k`` shares of about equal characters (longest first, each to the lightest share)."""
-    shares: List[List[str]] = [[] for _ in range(k)]
-    load = [0] * k
-    for t in sorted(texts, key=len, reverse=True):
-        i = load.index(min(load))
-        shares[i].append(t)
-        load[i] += len(t)
-    return shares
-
-
-def _encode_share(share, ready, go, results) -> None:
-    os.environ["RAYON_NUM_THREADS"] = "1"  # read when the pool starts, at the first encode
-    from tokenizers import Tokenizer
-
-    tok = Tokenizer.from_file(tok_path())
-    _encode_all(tok, share)
-    ready.wait()
-    go.wait()
-    cpu0 = time.process_time()
-    n = _encode_all(tok, share)
-    results.put((n, time.process_time() - cpu0))
+def task_ceiling(engine: str, mode: str) -> dict:
+    """The corpus's texts through the tokenizer alone (ceiling.py): ``engine`` in ``mode``."""
+    return ceiling.measure(engine, mode, tok_path(), texts_of(corpus_files()))
 
 
 def _cpu_seconds() -> float:
@@ -530,28 +466,34 @@ def run_all(args) -> dict:
         return r[key] / r["seconds"]
 
     # This machine's speed drifts by up to 1.7x within minutes (shared cores), so every loader run is
-    # bracketed by two ceiling runs (one tokenizer process per core) and divided by their mean; the
-    # tokenizer's own threads are measured once per round, for comparison.
-    runs: Dict[str, List[dict]] = {k: [] for k in ["ceiling_threads", "ceiling_procs", *throughput_plan]}
+    # bracketed by two runs of one tokenizer process per core on the engine the loader uses (tiktoken where
+    # it runs this tokenizer) and divided by their mean; the other configurations of ceiling.py (each
+    # engine's own threads, the other engine per core) are measured once per round, and the ceiling of a
+    # run is the highest of all: the best this machine does with this tokenizer.
+    engines = ceiling.engines_for(tok_path())
+    loader_engine = engines[-1]
+    others = [(e, m) for e in engines for m in ceiling.MODES if (e, m) != (loader_engine, "procs")]
+    names = [f"ceiling_{e}_{m}" for e, m in others]
+    runs: Dict[str, List[dict]] = {k: [] for k in [*names, "ceiling_procs", *throughput_plan]}
     bracket: Dict[str, List[float]] = {k: [] for k in throughput_plan}
     bracket_cpu: Dict[str, List[float]] = {k: [] for k in throughput_plan}
     for _ in range(args.repeats):
-        runs["ceiling_threads"].append(spawn("ceiling", mode="threads"))
-        runs["ceiling_procs"].append(spawn("ceiling", mode="procs"))
+        for (e, m), name in zip(others, names):
+            runs[name].append(spawn("ceiling", engine=e, mode=m))
+        runs["ceiling_procs"].append(spawn("ceiling", engine=loader_engine, mode="procs"))
         for name, (task, env, params) in throughput_plan.items():
             runs[name].append(spawn(task, env, **params))
-            runs["ceiling_procs"].append(spawn("ceiling", mode="procs"))
-            # The ceiling is the best this machine does: the higher of one single-threaded process per
-            # core (bracketing the run) and one process on the tokenizer's own threads (this round).
+            runs["ceiling_procs"].append(spawn("ceiling", engine=loader_engine, mode="procs"))
             bracket[name].append(max((rate(runs["ceiling_procs"][-2]) + rate(runs["ceiling_procs"][-1])) / 2,
-                                     rate(runs["ceiling_threads"][-1])))
+                                     *(rate(runs[n][-1]) for n in names)))
             bracket_cpu[name].append(sum(r["tokens"] / r["cpu_s"] for r in runs["ceiling_procs"][-2:]) / 2)
     best = {k: min(v, key=lambda r: r["seconds"]) for k, v in runs.items()}
     procs_rates = [rate(r) for r in runs["ceiling_procs"]]
     out: Dict[str, Any] = {"ceiling": {"tokens": best["ceiling_procs"]["tokens"],
                                        "tokens_per_s": sorted(procs_rates)[len(procs_rates) // 2],
                                        "one_process_per_core_tokens_per_s_all": procs_rates,
-                                       "threads_tokens_per_s_per_round": [rate(r) for r in runs["ceiling_threads"]]},
+                                       "engine": loader_engine,
+                                       "others_tokens_per_s_per_round": {n: [rate(r) for r in runs[n]] for n in names}},
            "bracket_ceiling_tokens_per_s": bracket}
     loaders = [k for k in runs if not k.startswith("ceiling") and best[k]["tokens"]]
 
@@ -778,12 +720,15 @@ def results_markdown(out: dict, command: str) -> str:
         f"{[round(x / 1024) for x in out['rss']['workers_peak_kb_per_fifth']]} MB, 2 workers) | flat (<= 5%) | "
         f"{ok(t['worker_rss_growth'])} |",
         "",
-        f"Throughput as a ratio to the tokenizer ceiling: the corpus's texts in memory through the warm tokenizer "
-        f"alone, one single-threaded process per core (median {c['tokens_per_s'] / 1e6:.2f} M tokens/s over "
-        f"{len(procs)} runs, range {min(procs) / 1e6:.2f}-{max(procs) / 1e6:.2f} M: this machine's speed drifts, so "
-        f"each loader run is divided by the mean of the two ceiling runs just before and after it, and the median "
-        f"of those ratios over the rounds is shown; the tokenizer's own threads, once per round: "
-        f"{[round(x / 1e6, 2) for x in c['threads_tokens_per_s_per_round']]} M). *Into rows*: tokens placed in "
+        f"Throughput as a ratio to the tokenizer ceiling (`benchmarks/ceiling.py`): the corpus's texts in memory "
+        f"through the warm tokenizer alone, the best of one single-threaded process per core on the loader's engine "
+        f"({c['engine']}; median {c['tokens_per_s'] / 1e6:.2f} M tokens/s over {len(procs)} runs, range "
+        f"{min(procs) / 1e6:.2f}-{max(procs) / 1e6:.2f} M: this machine's speed drifts, so these bracket every loader "
+        "run and it is divided by their mean) and, once per round, "
+        + "; ".join(f"{n.replace('ceiling_', '').replace('_', ' ')} {[round(x / 1e6, 2) for x in v]} M"
+                    for n, v in c["others_tokens_per_s_per_round"].items())
+        + " (threads: one process on the engine's own threads, batches of 256); the median of the rounds' ratios "
+        "is shown. *Into rows*: tokens placed in "
         "batches per second, what the training loop receives. *Tokenized*: document tokens read and tokenized per "
         "second (the ceiling's work); they differ by what the best-fit buffer held at the window's start and end. "
         "*Per CPU-second*: tokens tokenized per CPU-second of all the run's processes (start-up included), "
