@@ -59,3 +59,16 @@ def test_workers_keep_about_a_million_tokens_ready_unless_told(corpus, tok_path)
     kw = dict(tokenizer=tok_path, seq_len=63, batch_size=2, buffer_size=16, num_workers=2)
     assert pretrain(corpus[0], **kw).prefetch_factor == 64
     assert pretrain(corpus[0], prefetch_factor=3, **kw).prefetch_factor == 3
+
+
+def test_reading_parquet_does_not_import_pandas(corpus, tok_path):
+    """pyarrow imports pandas on its first pa.array() call: 0.15-0.2 s of every worker's first batch."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from tokenloom.recipes import pretrain; "
+            f"next(iter(pretrain({corpus[0]!r}, tokenizer={tok_path!r}, seq_len=63, batch_size=2, buffer_size=4))); "
+            "print('pandas' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "False"
