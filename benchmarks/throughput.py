@@ -314,7 +314,9 @@ def task_state(workers: int) -> dict:
                 else:
                     walk(v)
 
-    walk(state)
+    from tokenloom.pipes.loader import decode_state
+
+    walk(decode_state(state))  # the loader state is JSON text per rank: the nested dict
     total = torch_bytes(state)
     return {"workers": workers, "total_bytes": total,
             "per_worker_bytes": per_worker or [total // max(workers, 1)]}
@@ -363,7 +365,9 @@ def _replay_window(state) -> List[int]:
             for v in x.values():
                 walk(v)
 
-    walk(state)
+    from tokenloom.pipes.loader import decode_state
+
+    walk(decode_state(state))  # the loader state is JSON text per rank: the nested dict
     return found
 
 
