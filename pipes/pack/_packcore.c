@@ -96,6 +96,20 @@ static void *get_buf(Buffers *bs, PyObject *o, Py_ssize_t min_bytes, const char 
     return v->buf;
 }
 
+/* Bind the eight index buffers (seq, len, used, head, tail, next, prev, bits) for C tokens a row and at
+ * least S slots (S = 0: whatever the buffers hold). 0 on success; on failure the error is set and the
+ * buffers taken so far stay in bs for release_all. */
+static int bind_index(Buffers *bs, PyObject **o, int C, Py_ssize_t S, Index *ix) {
+    ix->C = C;
+    ix->nwords = (C >> 6) + 1;
+    if (!(ix->seq = get_buf(bs, o[0], S * 8, "seq")) || !(ix->len = get_buf(bs, o[1], S * 4, "len")) ||
+        !(ix->used = get_buf(bs, o[2], S * 4, "used")) || !(ix->head = get_buf(bs, o[3], (C + 1) * 4, "head")) ||
+        !(ix->tail = get_buf(bs, o[4], (C + 1) * 4, "tail")) || !(ix->next = get_buf(bs, o[5], S * 4, "next")) ||
+        !(ix->prev = get_buf(bs, o[6], S * 4, "prev")) || !(ix->bits = get_buf(bs, o[7], ix->nwords * 8, "bits")))
+        return -1;
+    return 0;
+}
+
 /* Copy `take` tokens (and mask bytes) of slot s into the row at pos. */
 static int copy_segment(PyObject *docs, PyObject *masks, int s, int32_t start, int32_t take, int32_t *row,
                         uint8_t *rowmask, int pos) {
@@ -123,12 +137,7 @@ static PyObject *py_insert(PyObject *self, PyObject *args) {
         return NULL;
     Buffers bs = {.nb = 0};
     Index ix;
-    ix.C = C;
-    ix.nwords = (C >> 6) + 1;
-    if (!(ix.seq = get_buf(&bs, o[0], 0, "seq")) || !(ix.len = get_buf(&bs, o[1], 0, "len")) ||
-        !(ix.used = get_buf(&bs, o[2], 0, "used")) || !(ix.head = get_buf(&bs, o[3], (C + 1) * 4, "head")) ||
-        !(ix.tail = get_buf(&bs, o[4], (C + 1) * 4, "tail")) || !(ix.next = get_buf(&bs, o[5], 0, "next")) ||
-        !(ix.prev = get_buf(&bs, o[6], 0, "prev")) || !(ix.bits = get_buf(&bs, o[7], ix.nwords * 8, "bits"))) {
+    if (bind_index(&bs, o, C, 0, &ix) < 0) {
         release_all(&bs);
         return NULL;
     }
@@ -157,12 +166,7 @@ static PyObject *py_insert_many(PyObject *self, PyObject *args) {
     }
     Buffers bs = {.nb = 0};
     Index ix;
-    ix.C = C;
-    ix.nwords = (C >> 6) + 1;
-    if (!(ix.seq = get_buf(&bs, o[0], 0, "seq")) || !(ix.len = get_buf(&bs, o[1], 0, "len")) ||
-        !(ix.used = get_buf(&bs, o[2], 0, "used")) || !(ix.head = get_buf(&bs, o[3], (C + 1) * 4, "head")) ||
-        !(ix.tail = get_buf(&bs, o[4], (C + 1) * 4, "tail")) || !(ix.next = get_buf(&bs, o[5], 0, "next")) ||
-        !(ix.prev = get_buf(&bs, o[6], 0, "prev")) || !(ix.bits = get_buf(&bs, o[7], ix.nwords * 8, "bits"))) {
+    if (bind_index(&bs, o, C, 0, &ix) < 0) {
         release_all(&bs);
         return NULL;
     }
@@ -207,15 +211,10 @@ static PyObject *py_build_row(PyObject *self, PyObject *args) {
     }
     Buffers bs = {.nb = 0};
     Index ix;
-    ix.C = C;
-    ix.nwords = (C >> 6) + 1;
     Py_ssize_t S = PyList_GET_SIZE(docs);
     int32_t *row, *seglen, *segslot, *segoff, *freed, *forced = NULL;
     uint8_t *rowmask = NULL;
-    if (!(ix.seq = get_buf(&bs, o[0], S * 8, "seq")) || !(ix.len = get_buf(&bs, o[1], S * 4, "len")) ||
-        !(ix.used = get_buf(&bs, o[2], S * 4, "used")) || !(ix.head = get_buf(&bs, o[3], (C + 1) * 4, "head")) ||
-        !(ix.tail = get_buf(&bs, o[4], (C + 1) * 4, "tail")) || !(ix.next = get_buf(&bs, o[5], S * 4, "next")) ||
-        !(ix.prev = get_buf(&bs, o[6], S * 4, "prev")) || !(ix.bits = get_buf(&bs, o[7], ix.nwords * 8, "bits")) ||
+    if (bind_index(&bs, o, C, S, &ix) < 0 ||
         !(row = get_buf(&bs, row_o, C * 4, "row")) || !(seglen = get_buf(&bs, seglen_o, C * 4, "seglen")) ||
         !(segslot = get_buf(&bs, segslot_o, C * 4, "segslot")) || !(segoff = get_buf(&bs, segoff_o, C * 4, "segoff")) ||
         !(freed = get_buf(&bs, freed_o, S * 4, "freed")) ||
