@@ -70,11 +70,6 @@ class BatchRing:
     def usable(self) -> bool:
         return self._mm is not None
 
-    def release(self) -> None:
-        """Forget the ring in this process (batches still naming it decode as lost)."""
-        with _lock:
-            _RINGS.pop(self.token, None)
-
     # --- the worker's side --------------------------------------------------------
     def put(self, arrays: List[Tuple[np.ndarray, bool]]) -> Optional[Tuple[int, int, List[int]]]:
         """Write ``arrays`` (``(array, narrow)``: narrow an int64 array to int32 on the way);
@@ -123,13 +118,12 @@ def narrowable(a: np.ndarray) -> bool:
 
 
 def uses_fork(context: Any) -> bool:
-    """Whether workers started with ``context`` (the DataLoader's ``multiprocessing_context``)
-    inherit this process's memory."""
+    """Whether workers started with ``context`` (the DataLoader's ``multiprocessing_context``:
+    None, a start method's name or a context) inherit this process's memory."""
     import multiprocessing
 
-    if context is None:
-        return multiprocessing.get_start_method(allow_none=True) in (None, "fork") and \
-            "fork" == multiprocessing.get_context().get_start_method()
-    if isinstance(context, str):
-        return context == "fork"
-    return getattr(context, "get_start_method", lambda: None)() == "fork"
+    if context is None:  # torch then uses the multiprocessing module's default
+        method = multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0]
+    else:
+        method = context if isinstance(context, str) else context.get_start_method()
+    return method == "fork"
