@@ -32,7 +32,7 @@ code puts the loader itself in the dict, and saving through the wrapper warns.
 Usage::
 
     import torch.distributed.checkpoint as dcp
-    from tokenloom.pipes.checkpoint import read_loader_states
+    from tokenloom.pipes.loader.checkpoint import read_loader_states
 
     dcp.save({"model": model.state_dict(), "dataloader": loader}, checkpoint_id=path)
     # same world size and num_workers:
