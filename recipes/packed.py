@@ -22,7 +22,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 import torch
 
 from tokenloom.pipes.batch import IGNORE_INDEX, Batch, collate_rows
-from tokenloom.pipes.chat import ChatTemplate, RenderChat
+from tokenloom.pipes.chat import RenderChat
 from tokenloom.pipes.check_args import check_int
 from tokenloom.pipes.loader.elastic import STEP, prefix_of
 from tokenloom.pipes.loader.bridge import ShardContext, TokenLoomLoader
@@ -373,7 +373,7 @@ def packed_loader(
     cache_strict: bool = False,
     loader_kwargs: Mapping[str, Any],
 ) -> TokenLoomLoader:
-    """The shared body of `pretrain` and `sft` (``chat`` set: conversations)."""
+    """The shared body of `pretrain` and `sft` (``chat`` set: conversations, a template `sft` chose and checked)."""
     if not isinstance(predict_bos, bool):
         raise ValueError(f"{predict_bos=} must be True (train the BOS after each document's last token) or False "
                          "(train nothing across a document boundary)")
@@ -413,8 +413,6 @@ def packed_loader(
         plans.append(plan)
 
     encoder = load_encoder(tokenizer)
-    if isinstance(chat, ChatTemplate):
-        chat.resolve(encoder)  # every role, end and BOS token must exist: fail here, not in a worker
     bos_id = resolve_special(encoder, bos, default_bos=chat is None)
     eos_id = resolve_special(encoder, eos, default_bos=False)
     if pad is not None:
