@@ -75,24 +75,45 @@ def encode_markup(encoder: Encoder, texts: Sequence[str]) -> List[np.ndarray]:
     as text (a ChatML marker ``<|im_start|>user\\n`` is 3 tokens where ``<|im_start|>`` is one, more
     where it is not)."""
     pattern, ids = special_pattern(encoder)
-    parts: List[List[Any]] = []
     plain: List[str] = []
-    for text in texts:
-        pieces: List[Any] = []
-        pos = 0
-        for m in pattern.finditer(text) if pattern is not None else ():
-            if m.start() > pos:
-                pieces.append(len(plain))
-                plain.append(text[pos:m.start()])
-            pieces.append([ids[m.group()]])
-            pos = m.end()
-        if pos < len(text):
-            pieces.append(len(plain))
-            plain.append(text[pos:])
-        parts.append(pieces)
+    parts = [_pieces(text, (), None, plain, pattern, ids) for text in texts]
     encoded = encoder.encode_batch(plain) if plain else []
-    return [np.concatenate([encoded[p] if isinstance(p, int) else np.asarray(p, np.int32) for p in pieces]
-                           ).astype(np.int32) if pieces else np.zeros(0, np.int32) for pieces in parts]
+    return [_assemble(pieces, encoded)[0] if pieces else np.zeros(0, np.int32) for pieces in parts]
+
+
+def _pieces(text: str, spans: Sequence[Tuple[int, int]], back: Optional[Dict[str, str]], plain: List[str],
+            pattern: Optional["re.Pattern[str]"], ids: Dict[str, int]) -> List[Any]:
+    """``text`` cut at the special tokens it spells and at the edges of the trained ``spans``:
+    (piece, trained) where a piece is [special id] or the index of a text piece appended to
+    ``plain`` (placeholders ``back`` put back), so a batch encodes every text piece at once."""
+    cuts = sorted({0, len(text), *(p for s in spans for p in s)})
+    restore = str.maketrans(back) if back else None
+    out: List[Any] = []
+
+    def trained(pos: int) -> bool:
+        return any(a <= pos < b for a, b in spans)
+
+    def add_text(a: int, b: int) -> None:
+        for lo, hi in zip([a] + [c for c in cuts if a < c < b], [c for c in cuts if a < c < b] + [b]):
+            if hi > lo:
+                out.append((len(plain), trained(lo)))
+                piece = text[lo:hi]
+                plain.append(piece.translate(restore) if restore else piece)
+
+    pos = 0
+    for m in pattern.finditer(text) if pattern is not None else ():
+        add_text(pos, m.start())
+        out.append(([ids[m.group()]], trained(m.start())))
+        pos = m.end()
+    add_text(pos, len(text))
+    return out
+
+
+def _assemble(pieces: List[Any], encoded: List[np.ndarray]) -> Tuple[np.ndarray, np.ndarray]:
+    """(ids, mask) of `_pieces`' output, its text pieces encoded in ``encoded``."""
+    ids = [encoded[p] if isinstance(p, int) else np.asarray(p, np.int32) for p, _ in pieces]
+    return (np.concatenate(ids).astype(np.int32),
+            np.concatenate([np.full(len(i), t, bool) for i, (_, t) in zip(ids, pieces)]))
 
 
 def _compile(source: str):
@@ -281,45 +302,13 @@ class JinjaRenderer:
         return "".join(out), spans
 
     # --- tokens ---------------------------------------------------------------------------
-    def _pieces(self, text: str, spans: List[Tuple[int, int]], back: Dict[str, str], plain: List[str]) -> List[Any]:
-        """(piece, trained) where a piece is [special id] or the index of a text piece in ``plain``."""
-        cuts = sorted({0, len(text), *(p for s in spans for p in s)})
-        restore = str.maketrans(back) if back else None
-        out: List[Any] = []
-
-        def trained(pos: int) -> bool:
-            return any(a <= pos < b for a, b in spans)
-
-        def add_text(a: int, b: int) -> None:
-            for lo, hi in zip([a] + [c for c in cuts if a < c < b], [c for c in cuts if a < c < b] + [b]):
-                if hi > lo:
-                    out.append((len(plain), trained(lo)))
-                    piece = text[lo:hi]
-                    plain.append(piece.translate(restore) if restore else piece)
-
-        pos = 0
-        for m in self._special.finditer(text) if self._special is not None else ():
-            add_text(pos, m.start())
-            out.append(([self._ids[m.group()]], trained(m.start())))
-            pos = m.end()
-        add_text(pos, len(text))
-        return out
-
     def render_batch(self, convs: List[List[Dict[str, Any]]], wheres: List[str]
                      ) -> List[Optional[Tuple[np.ndarray, np.ndarray]]]:
         plain: List[str] = []
-        parts = [None if not conv else self._pieces(*self.spans(conv, where), plain)
+        parts = [None if not conv else _pieces(*self.spans(conv, where), plain, self._special, self._ids)
                  for conv, where in zip(convs, wheres)]
         encoded = self.encoder.encode_batch(plain) if plain else []
-        out: List[Optional[Tuple[np.ndarray, np.ndarray]]] = []
-        for pieces in parts:
-            if not pieces:
-                out.append(None)
-                continue
-            ids = [encoded[p] if isinstance(p, int) else np.asarray(p, np.int32) for p, _ in pieces]
-            out.append((np.concatenate(ids).astype(np.int32),
-                        np.concatenate([np.full(len(i), t, bool) for i, (_, t) in zip(ids, pieces)])))
-        return out
+        return [_assemble(pieces, encoded) if pieces else None for pieces in parts]
 
     def probe(self) -> None:
         """Render a plain conversation (without the system turn if the template refuses one): its
