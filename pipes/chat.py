@@ -38,7 +38,7 @@ import numpy as np
 from .base import Node
 from .items import Doc, TokenDoc
 from .chat_template import ChatError, JinjaTemplate, encode_markup
-from .tokenizer import Encoder
+from .tokenizer import Encoder, _chat_template_text, _load_directory, _token_text  # a directory's reading rules
 
 log = logging.getLogger(__name__)
 
@@ -165,8 +165,6 @@ def _template_from(spec: str, encoder: Encoder) -> Any:
         return ChatTemplate.chatml(bos=encoder.bos_token)
     if spec == "demo":
         return ChatTemplate()
-    from .tokenizer import _chat_template_text, _load_directory  # the directory's reading rules, shared
-
     if os.path.isdir(spec):
         d = _load_directory(spec)
         if d.chat_template is None:
@@ -189,9 +187,8 @@ def _template_from(spec: str, encoder: Encoder) -> Any:
         if source is None:
             raise ValueError(f"template={spec!r} has no chat_template; pass a file that has one, a .jinja file, "
                              f"or one of {TEMPLATE_NAMES}")
-        tokens = {k: config.get(k) for k in ("bos_token", "eos_token")}
-        tokens = {k: v.get("content") if isinstance(v, dict) else v for k, v in tokens.items()}
-        return JinjaTemplate(source, name=spec, **tokens)
+        return JinjaTemplate(source, name=spec, bos_token=_token_text(config.get("bos_token")),
+                             eos_token=_token_text(config.get("eos_token")))
     return JinjaTemplate(text, bos_token=encoder.bos_token, eos_token=encoder.eos_token, name=spec)
 
 
