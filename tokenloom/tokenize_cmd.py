@@ -20,7 +20,7 @@ from typing import Any, Dict, Optional
 from tokenloom.pipes.sources.cache_build import build_cache
 from tokenloom.pipes.sources.readers import TEXT_MODES
 
-from .cli_config import parse_sources, read_toml, tokenizer_path
+from .cli_config import merged_settings, tokenizer_path
 
 REDRAW_S = 0.1
 
@@ -73,12 +73,7 @@ def _size(n: int) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    settings: Dict[str, Any] = read_toml(args.config) if args.config else {}
-    for key in ("tokenizer", "text_column", "text_mode"):
-        if getattr(args, key) is not None:
-            settings[key] = getattr(args, key)
-    if args.sources:
-        settings["sources"] = parse_sources(args.sources)
+    settings = merged_settings(args)  # the TOML file, overridden by the flags given
     if "sources" not in settings:
         raise ValueError("no sources: give name=path or path arguments (named as in the run), or [sources] in --config")
     line = _Line(not args.quiet)
@@ -106,10 +101,14 @@ def register(sub: Any, common: Optional[argparse.ArgumentParser] = None) -> None
                        description=__doc__.split("\n\n")[1].replace("\n", " ").replace("`", ""))
     p.add_argument("sources", nargs="*", metavar="SOURCE",
                    help="name=path or path (file, glob, directory, URI), named as in the run")
-    p.add_argument("--tokenizer", help="tokenizer.json, a tokenizer directory, a tiktoken name, or 'demo'")
+    # Settings default to absent, so merged_settings lets the TOML file's values stand.
+    p.add_argument("--tokenizer", default=argparse.SUPPRESS,
+                   help="tokenizer.json, a tokenizer directory, a tiktoken name, or 'demo'")
     p.add_argument("--out", required=True, metavar="DIR", help="the cache directory (path or URI)")
-    p.add_argument("--text-column", help="parquet column / jsonl field holding the text (default: text)")
-    p.add_argument("--text-mode", choices=TEXT_MODES, help="text files: one document per file or per paragraph")
+    p.add_argument("--text-column", default=argparse.SUPPRESS,
+                   help="parquet column / jsonl field holding the text (default: text)")
+    p.add_argument("--text-mode", choices=TEXT_MODES, default=argparse.SUPPRESS,
+                   help="text files: one document per file or per paragraph")
     p.add_argument("--config", metavar="TOML", help="sources, tokenizer, text column and mode from a run's TOML file")
     p.add_argument("--processes", type=_positive, help="build processes (default: every CPU this process may use)")
     p.add_argument("--rank", type=int, help="this builder's rank (default: $RANK, as torchrun sets it, else 0)")
