@@ -13,16 +13,13 @@ cluster, run it on every rank (``torchrun ... -m tokenloom tokenize`` or
 from __future__ import annotations
 
 import argparse
-import sys
-import time
 from typing import Any, Dict, Optional
 
 from tokenloom.pipes.sources.cache_build import build_cache
 from tokenloom.pipes.sources.readers import TEXT_MODES
 
 from .cli_config import merged_settings, tokenizer_path
-
-REDRAW_S = 0.1
+from .progress import WIDTH, Progress
 
 
 def _positive(text: str) -> int:
@@ -32,37 +29,31 @@ def _positive(text: str) -> int:
     return value
 
 
-class _Line:
-    """The progress line on stderr: redrawn in place on a terminal, every 10% otherwise."""
+class _Line(Progress):
+    """`Progress`'s line (redrawn in place on a terminal, every 10% otherwise) with the
+    build's counts: units, files, tokens/s and the time left."""
 
     def __init__(self, enabled: bool):
-        self.enabled = enabled
-        self.live = enabled and sys.stderr.isatty()
-        self._last, self._decile, self._text = 0.0, -1, ""
+        super().__init__("tokenize", None, enabled=enabled)
+        self._counts: Optional[Dict[str, Any]] = None
 
     def __call__(self, c: Dict[str, Any]) -> None:
-        if not self.enabled:
-            return
+        self._counts, self.total = c, c["units_total"]
+        self.update(c["units_done"], c["tokens"])
+
+    def _line(self) -> str:
+        c = self._counts
         done, total, s = c["units_done"], c["units_total"], c["seconds"]
         rate = c["tokens"] / s if s > 0 else 0.0
         eta = f"{(total - done) * s / done:4.0f}s" if done else "   ?"
-        filled = 30 * done // total if total else 30
-        self._text = (f"tokenize [{'#' * filled}{'.' * (30 - filled)}] {done}/{total} units  "
-                      f"{c['files_done']}/{c['files_total']} files  {rate / 1e6:5.2f}M tok/s  {s:5.1f}s  eta {eta}")
-        now = time.perf_counter()
-        if self.live:
-            if now - self._last >= REDRAW_S or done == total:
-                sys.stderr.write("\r" + self._text + "\x1b[K")
-                sys.stderr.flush()
-                self._last = now
-        elif total and 10 * done // total > self._decile:
-            self._decile = 10 * done // total
-            sys.stderr.write(self._text + "\n")
-            sys.stderr.flush()
+        filled = WIDTH * done // total if total else WIDTH
+        return (f"tokenize [{'#' * filled}{'.' * (WIDTH - filled)}] {done}/{total} units  "
+                f"{c['files_done']}/{c['files_total']} files  {rate / 1e6:5.2f}M tok/s  {s:5.1f}s  eta {eta}")
 
     def close(self) -> None:
-        if self.live and self._text:
-            sys.stderr.write("\n")
+        # Nothing to end before the first count; with nothing to build, a log gets no line.
+        if self._counts is not None and (self.live or self.total):
+            super().close()
 
 
 def _size(n: int) -> str:
