@@ -38,7 +38,7 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass, replace
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 import pyarrow as pa
@@ -47,9 +47,9 @@ import pyarrow.parquet as pq
 from ..base import Node
 from .fingerprint import content_key
 from ..items import Doc
-from ..shard import ROW_ORDER_TAG, ShardUnits, WorkSlice, rng_for, unread_after
+from ..shard import ShardUnits, WorkSlice
 from .files import FileChangedError, FileUnits, SourceFile
-from .text_files import SkipCount
+from .text_files import CursorReader, SkipCount, UnitCursor
 
 log = logging.getLogger(__name__)
 
@@ -189,7 +189,7 @@ def _bad_utf8(value: pa.Scalar) -> bool:
     return False
 
 
-class ReadParquet(SkipCount, Node[Doc]):
+class ReadParquet(CursorReader, SkipCount, Node[Doc]):
     """Reads the documents of the slices a `ShardUnits` node emits.
 
     Null values are skipped, counted in the state (``skipped``, and per source in a
@@ -211,26 +211,20 @@ class ReadParquet(SkipCount, Node[Doc]):
         self.parent, self.units, self.column = parent, units, column
         self.source, self.seed, self.shuffle_rows = source, seed, shuffle_rows
         self._open: "OrderedDict[int, pq.ParquetFile]" = OrderedDict()
-        self._slice_start_state: Optional[Dict[str, Any]] = None
-        self._texts: list = []
-        self._rows: np.ndarray = np.empty(0, np.int64)
-        self._slice: Optional[WorkSlice] = None
-        self._pos = 0
-        self._skip_to = 0
+        self._cursor = UnitCursor(parent, self._load, seed=seed, shuffle_rows=shuffle_rows)
+        self._column: Any = None  # the loaded unit's column, rows in file order
+        self._texts: Optional[list] = None  # the slice's rows of it, in the cursor's order (taken at the first read)
         self._skipped = 0
         self._warned = False
         self._last_table: Optional[Tuple[int, Any]] = None
 
     def reset(self, initial_state: Optional[Dict[str, Any]] = None) -> None:
-        self._slice, self._texts, self._last_table = None, [], None
+        self._texts, self._last_table = None, None
         if initial_state is None:
-            self.parent.reset(None)
-            self._slice_start_state = None
-            self._skip_to, self._skipped = 0, 0
+            self._cursor.reset(None, 0)
+            self._skipped = 0
         else:
-            self._slice_start_state = initial_state[self.PARENT]
-            self.parent.reset(self._slice_start_state)
-            self._skip_to = int(initial_state[self.ROW])
+            self._cursor.reset(initial_state[self.PARENT], initial_state[self.ROW])
             self._skipped = int(initial_state[self.SKIPPED])
 
     def _file(self, i: int) -> pq.ParquetFile:
@@ -255,7 +249,7 @@ class ReadParquet(SkipCount, Node[Doc]):
         return RuntimeError(f"cannot read {self.units.where(u)}: {e}. {hint}; check it with pyarrow.parquet."
                             "ParquetFile(path).read_row_group(n), rewrite or remove it, and rebuild the loader")
 
-    def _load(self, s: WorkSlice) -> None:
+    def _load(self, s: WorkSlice) -> int:
         u = s.unit
         try:
             if self._last_table is not None and self._last_table[0] == u:
@@ -272,55 +266,37 @@ class ReadParquet(SkipCount, Node[Doc]):
         if table.num_rows != n:
             raise RuntimeError(f"{self.units.where(u)} has {table.num_rows} rows, its footer said {n}; "
                                "the file changed after the loader was built")
-        order = rng_for(self.seed, ROW_ORDER_TAG, s.epoch, u).permutation(n) if self.shuffle_rows else np.arange(n)
-        self._rows = order[s.lo:s.hi]
+        self._column, self._texts = table.column(0), None
+        return n
+
+    def _take(self, u: int) -> list:
+        """The texts of the slice's rows (the cursor's order) of unit ``u``'s loaded column."""
         # From the buffer: pa.array() on any input imports pandas, 0.15-0.2 s of each worker's first batch.
-        rows = np.ascontiguousarray(self._rows, dtype=np.int64)
-        column = table.column(0).take(pa.Array.from_buffers(pa.int64(), len(rows), [None, pa.py_buffer(rows)]))
+        rows = np.ascontiguousarray(self._cursor.rows, dtype=np.int64)
+        column = self._column.take(pa.Array.from_buffers(pa.int64(), len(rows), [None, pa.py_buffer(rows)]))
         try:
-            self._texts = column.to_pylist()
+            return column.to_pylist()
         except UnicodeDecodeError as e:
-            row = next(int(r) for r, v in zip(self._rows, column) if _bad_utf8(v))
+            row = next(int(r) for r, v in zip(rows, column) if _bad_utf8(v))
             raise ValueError(f"{self.units.where(u, row)}: invalid UTF-8 in column {self.column!r} ({e.reason} at "
                              f"byte {e.start}); the page is corrupt, or the column holds binary data as a string. "
                              "Rewrite or remove the file") from e
-        self._slice = s
 
     def next(self) -> Doc:
         while True:
-            if self._slice is None:
-                self._slice_start_state = self.parent.state_dict()
-                self._load(next(self.parent))  # StopIteration ends the stream
-                self._pos, self._skip_to = self._skip_to, 0
-            if self._pos < len(self._texts):
-                i = self._pos
-                self._pos += 1
-                text = self._texts[i]
-                if text is None:
-                    self._skipped += 1
-                    if not self._warned:
-                        self._warned = True
-                        log.warning("skipping null text at %s (further nulls are counted, not logged)",
-                                    self.units.where(self._slice.unit, int(self._rows[i])))
-                    continue
-                s = self._slice
-                return Doc(text, self.source, s.unit, int(self._rows[i]), s.epoch, s.lo + i, s.used)
-            self._slice = None
-
-    def next_epoch(self) -> int:
-        """The epoch of the next row this reader would read."""
-        if self._slice is not None and self._pos < len(self._texts):
-            return self._slice.epoch
-        return self.parent.next_epoch()
-
-    def unread(self, upto_epoch: int) -> List[WorkSlice]:
-        """Rows not read yet, of epochs up to ``upto_epoch`` (an elastic resume's leftover)."""
-        if self._slice is None:
-            return unread_after(self.parent, None, self._skip_to, upto_epoch)
-        return unread_after(self.parent, self._slice, self._pos, upto_epoch)
+            s, row = self._cursor.next()
+            if self._texts is None:
+                self._texts = self._take(s.unit)
+            pos = self._cursor.last_pos()
+            text = self._texts[pos - s.lo]
+            if text is not None:
+                return Doc(text, self.source, s.unit, row, s.epoch, pos, s.used)
+            self._skipped += 1
+            if not self._warned:
+                self._warned = True
+                log.warning("skipping null text at %s (further nulls are counted, not logged)",
+                            self.units.where(s.unit, row))
 
     def get_state(self) -> Dict[str, Any]:
-        if self._slice is None:
-            # Between slices: the next slice starts where the sharder stands now.
-            return {self.PARENT: self.parent.state_dict(), self.ROW: self._skip_to, self.SKIPPED: self._skipped}
-        return {self.PARENT: self._slice_start_state, self.ROW: self._pos, self.SKIPPED: self._skipped}
+        parent, row = self._cursor.position()
+        return {self.PARENT: parent, self.ROW: row, self.SKIPPED: self._skipped}

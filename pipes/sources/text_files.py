@@ -390,6 +390,11 @@ class UnitCursor:
             return self._slice.epoch
         return self.parent.next_epoch()
 
+    @property
+    def rows(self) -> np.ndarray:
+        """The current slice's rows of its unit, in the order they are handed out."""
+        return self._rows
+
     def last_pos(self) -> int:
         """The position (in the slice's row order) of the row handed out last."""
         return self._slice.lo + self._pos - 1
