@@ -32,7 +32,6 @@ from __future__ import annotations
 import logging
 import os
 import warnings
-from collections import OrderedDict
 from dataclasses import dataclass, fields
 from typing import Any, Dict, List, Mapping, Optional, Union
 
@@ -49,6 +48,7 @@ from .cache_build import build_cache  # noqa: F401  (the Python entry of `tokenl
 from .cache_format import (K_CACHE, K_CACHE_BYTES, K_KEY, K_SIZE, K_TOKENIZER, K_UNITS, TOKENS_DIR, UnitTexts,
                            dtype_for, file_entry, file_units, header, header_conflict, matches, merged_files, open_root,
                            read_parts, source_dir)
+from .files import OpenFiles
 from .readers import SourcePlan
 from .text_files import CursorReader, SkipCount, UnitCursor
 
@@ -105,7 +105,7 @@ class ReadCached(CursorReader, SkipCount, Node[Doc]):
         super().__init__()
         self.plan, self.units, self.cache, self.source = plan, plan.units, cache, plan.name
         self._cursor = UnitCursor(parent, self._load, seed=seed, shuffle_rows=True)
-        self._open: "OrderedDict[int, pq.ParquetFile]" = OrderedDict()
+        self._open = OpenFiles(self.OPEN_FILES)
         self._texts: Optional[UnitTexts] = None  # made for the first unit the cache lacks
         self._unit = -1  # the unit loaded: the same unit again (a restore, an elastic prefix) is not re-read
         self._values = np.empty(0, np.uint16)
@@ -124,21 +124,14 @@ class ReadCached(CursorReader, SkipCount, Node[Doc]):
             self._cursor.reset(initial_state[self.PARENT], initial_state[self.ROW])
             self._skipped = int(initial_state.get(self.SKIPPED, 0))
 
-    def _file(self, k: int) -> pq.ParquetFile:
-        pf = self._open.get(k)
-        if pf is None:
-            c = self.cache
-            handle = c.fs.open_input_file(c.paths[k])
-            if handle.size() != c.sizes[k]:
-                handle.close()
-                raise RuntimeError(f"cache file {c.paths[k]} is {handle.size()} bytes, its manifest says {c.sizes[k]}: "
-                                   "it changed after the loader was built; rebuild the loader")
-            pf = self._open[k] = pq.ParquetFile(handle)
-            if len(self._open) > self.OPEN_FILES:
-                self._open.popitem(last=False)
-        else:
-            self._open.move_to_end(k)
-        return pf
+    def _parquet(self, k: int) -> pq.ParquetFile:
+        c = self.cache
+        handle = c.fs.open_input_file(c.paths[k])
+        if handle.size() != c.sizes[k]:
+            handle.close()
+            raise RuntimeError(f"cache file {c.paths[k]} is {handle.size()} bytes, its manifest says {c.sizes[k]}: "
+                               "it changed after the loader was built; rebuild the loader")
+        return pq.ParquetFile(handle)
 
     def _load(self, s: WorkSlice) -> int:
         u = s.unit
@@ -154,7 +147,7 @@ class ReadCached(CursorReader, SkipCount, Node[Doc]):
             self._docs = None
             path, g = self.cache.paths[k], int(self.cache.group[u])
             try:
-                table = self._file(k).read_row_group(g, use_threads=False)  # the loader workers are the parallelism
+                table = self._open.get(k, self._parquet).read_row_group(g, use_threads=False)  # the loader workers are the parallelism
             except RuntimeError:
                 raise
             except Exception as e:

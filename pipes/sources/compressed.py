@@ -36,12 +36,11 @@ rewrite to the same compressed size is caught; it costs one small read at listin
 from __future__ import annotations
 
 import hashlib
-from collections import OrderedDict
-from typing import Any, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import pyarrow as pa
 
-from .files import COMPRESSIONS, SourceFile
+from .files import COMPRESSIONS, OpenFiles, SourceFile
 from .text_files import LineUnitTable, UnitBytes
 
 #: At most this many units per compressed file (see the module docstring).
@@ -117,33 +116,28 @@ class DecompressedRanges:
 
     def __init__(self, files: List[SourceFile]):
         self.files = files
-        self._open: "OrderedDict[int, List[Any]]" = OrderedDict()  # file -> [stream, decompressed position]
+        self._open = OpenFiles(self.OPEN_FILES)
+        self._pos: Dict[int, int] = {}  # file -> decompressed position of its open stream
+
+    def _stream(self, i: int) -> Any:
+        self._pos[i] = 0
+        return open_decompressed(self.files[i], unchanged=True)
 
     def read(self, i: int, start: int, end: int) -> bytes:
-        entry = self._open.get(i)
-        if entry is not None and entry[1] > start:
-            entry[0].close()
-            entry = None
-        if entry is None:
-            entry = [open_decompressed(self.files[i], unchanged=True), 0]
-            self._open[i] = entry
-            if len(self._open) > self.OPEN_FILES:
-                self._open.popitem(last=False)[1][0].close()
-        self._open.move_to_end(i)
-        stream = entry[0]
-        while entry[1] < start:
-            got = len(stream.read(min(SKIP_BYTES, start - entry[1])))
+        if self._pos.get(i, 0) > start:  # behind the stream: start the file over
+            self._open.drop(i)
+        stream = self._open.get(i, self._stream)
+        while self._pos[i] < start:
+            got = len(stream.read(min(SKIP_BYTES, start - self._pos[i])))
             if not got:
                 break
-            entry[1] += got
-        data = stream.read(end - start) if entry[1] == start else b""
-        entry[1] += len(data)
+            self._pos[i] += got
+        data = stream.read(end - start) if self._pos[i] == start else b""
+        self._pos[i] += len(data)
         return data
 
     def close(self) -> None:
-        for stream, _ in self._open.values():
-            stream.close()
-        self._open.clear()
+        self._open.close()
 
 
 class CompressedUnitBytes(UnitBytes):

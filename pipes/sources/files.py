@@ -26,8 +26,9 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import os
+from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
 import pyarrow.fs as pafs
 
@@ -86,6 +87,36 @@ class SourceFile:
 
 class FileChangedError(RuntimeError):
     """A file is not the one that was listed (its size changed)."""
+
+
+class OpenFiles:
+    """What one reader keeps open per file index (a handle, a parquet file, a mapped table, a
+    stream): at most ``limit``, the least recently used dropped first and closed if it can be."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self._open: "OrderedDict[int, Any]" = OrderedDict()
+
+    def get(self, i: int, opener: Callable[[int], Any]) -> Any:
+        """File ``i``'s open thing, ``opener(i)`` when it has none."""
+        value = self._open.get(i)
+        if value is None:
+            value = self._open[i] = opener(i)
+            if len(self._open) > self.limit:
+                self.drop(next(iter(self._open)))
+        else:
+            self._open.move_to_end(i)
+        return value
+
+    def drop(self, i: int) -> None:
+        """Forget (and close) file ``i``'s open thing, if any."""
+        value = self._open.pop(i, None)
+        if hasattr(value, "close"):
+            value.close()
+
+    def close(self) -> None:
+        for i in list(self._open):
+            self.drop(i)
 
 
 class FileUnits:

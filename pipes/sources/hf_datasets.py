@@ -346,22 +346,14 @@ class ReadArrow(ReadParquet):
     def __init__(self, parent: Any, units: ArrowUnits, *, column: str = "text", source: str = "", seed: int = 0,
                  shuffle_rows: bool = True):
         super().__init__(parent, units, column=column, source=source, seed=seed, shuffle_rows=shuffle_rows)
-        self._tables: "OrderedDict[int, pa.Table]" = OrderedDict()
 
     def _table(self, i: int) -> pa.Table:
-        table = self._tables.get(i)
-        if table is None:
-            self.units.files[i].open_unchanged().close()  # FileChangedError naming the file when its size moved
-            table = self._tables[i] = _map_table(self.units.files[i].path)
-            if len(self._tables) > self.OPEN_FILES:
-                self._tables.popitem(last=False)
-        else:
-            self._tables.move_to_end(i)
-        return table
+        self.units.files[i].open_unchanged().close()  # FileChangedError naming the file when its size moved
+        return _map_table(self.units.files[i].path)
 
     def _read_unit(self, u: int) -> pa.Table:
         units = self.units
-        table = self._table(int(units.file[u]))
+        table = self._open.get(int(units.file[u]), self._table)
         a, n = int(units.start[u]), int(units.rows[u])
         if a + n > table.num_rows:
             raise FileChangedError(f"{units.files[int(units.file[u])].path} has {table.num_rows} rows now, fewer than "

@@ -36,9 +36,8 @@ A file that does not end with ``PAR1`` is called truncated only if it starts wit
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
 from dataclasses import dataclass, replace
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import pyarrow as pa
@@ -48,7 +47,7 @@ from ..base import Node
 from .fingerprint import content_key
 from ..items import Doc
 from ..shard import ShardUnits, WorkSlice
-from .files import FileChangedError, FileUnits, SourceFile
+from .files import FileChangedError, FileUnits, OpenFiles, SourceFile
 from .text_files import CursorReader, SkipCount, UnitCursor
 
 log = logging.getLogger(__name__)
@@ -210,7 +209,7 @@ class ReadParquet(CursorReader, SkipCount, Node[Doc]):
         super().__init__()
         self.parent, self.units, self.column = parent, units, column
         self.source, self.seed, self.shuffle_rows = source, seed, shuffle_rows
-        self._open: "OrderedDict[int, pq.ParquetFile]" = OrderedDict()
+        self._open = OpenFiles(self.OPEN_FILES)
         self._cursor = UnitCursor(parent, self._load, seed=seed, shuffle_rows=shuffle_rows)
         self._column: Any = None  # the loaded unit's column, rows in file order
         self._texts: Optional[list] = None  # the slice's rows of it, in the cursor's order (taken at the first read)
@@ -227,20 +226,13 @@ class ReadParquet(CursorReader, SkipCount, Node[Doc]):
             self._cursor.reset(initial_state[self.PARENT], initial_state[self.ROW])
             self._skipped = int(initial_state[self.SKIPPED])
 
-    def _file(self, i: int) -> pq.ParquetFile:
-        pf = self._open.get(i)
-        if pf is None:
-            pf = pq.ParquetFile(self.units.files[i].open_unchanged(), page_checksum_verification=True)
-            self._open[i] = pf
-            if len(self._open) > self.OPEN_FILES:
-                self._open.popitem(last=False)
-        else:
-            self._open.move_to_end(i)
-        return pf
+    def _parquet(self, i: int) -> pq.ParquetFile:
+        return pq.ParquetFile(self.units.files[i].open_unchanged(), page_checksum_verification=True)
 
     def _read_unit(self, u: int) -> pa.Table:
         """Unit ``u``'s column as a one-column table (a reader of another container overrides it)."""
-        return self._file(int(self.units.file[u])).read_row_group(int(self.units.row_group[u]), columns=[self.column])
+        pf = self._open.get(int(self.units.file[u]), self._parquet)
+        return pf.read_row_group(int(self.units.row_group[u]), columns=[self.column])
 
     def _read_error(self, u: int, e: Exception) -> Exception:
         """The error for unit ``u`` failing to read with ``e``: where, why, and what to do."""

@@ -42,7 +42,6 @@ and the line, and ``errors="replace"`` substitutes U+FFFD instead.
 from __future__ import annotations
 
 import re
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -51,7 +50,7 @@ import numpy as np
 from ..base import Node
 from ..items import Doc
 from ..shard import ROW_ORDER_TAG, ShardUnits, WorkSlice, rng_for, unread_after
-from .files import FileUnits, SourceFile
+from .files import FileUnits, OpenFiles, SourceFile
 
 #: Bytes read per step while listing; a line longer than this is joined across steps.
 CHUNK_BYTES = 8 << 20
@@ -274,24 +273,13 @@ class UnitBytes:
 
     def __init__(self, units: LineUnitTable):
         self.units = units
-        self._open: "OrderedDict[int, Any]" = OrderedDict()
-
-    def _handle(self, i: int):
-        h = self._open.get(i)
-        if h is None:
-            h = self.units.files[i].open_unchanged()
-            self._open[i] = h
-            if len(self._open) > self.OPEN_FILES:
-                self._open.popitem(last=False)[1].close()
-        else:
-            self._open.move_to_end(i)
-        return h
+        self._open = OpenFiles(self.OPEN_FILES)
 
     def read(self, u: int) -> bytes:
         return self._checked(u, self._range)
 
     def _range(self, i: int, start: int, end: int) -> bytes:
-        h = self._handle(i)
+        h = self._open.get(i, lambda i: self.units.files[i].open_unchanged())
         h.seek(start)
         return h.read(end - start)
 
