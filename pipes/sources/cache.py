@@ -147,7 +147,8 @@ class ReadCached(CursorReader, SkipCount, Node[Doc]):
             self._docs = None
             path, g = self.cache.paths[k], int(self.cache.group[u])
             try:
-                table = self._open.get(k, self._parquet).read_row_group(g, use_threads=False)  # the loader workers are the parallelism
+                # use_threads=False: the loader workers are the parallelism
+                table = self._open.get(k, self._parquet).read_row_group(g, use_threads=False)
             except RuntimeError:
                 raise
             except Exception as e:
