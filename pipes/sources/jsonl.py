@@ -58,7 +58,7 @@ from ..shard import ShardUnits, WorkSlice
 from .compressed import CompressedUnitBytes, compression_of, content_key, merge_units, open_decompressed
 from .files import SourceFile
 from .json_array import first_byte, scan_array, split_elements
-from .text_files import MAX_UNIT_BYTES, CursorReader, LineUnitTable, SkipCount, UnitCursor, scan_file
+from .text_files import MAX_UNIT_BYTES, CursorReader, LineUnitTable, SkipCount, UnitCursor, scan_file, unit_columns
 
 log = logging.getLogger(__name__)
 
@@ -160,9 +160,8 @@ def list_jsonl_units(files: Sequence[SourceFile], *, field: Optional[str] = "tex
                              "recipes) naming one of them; if only some records lack it, pass field=None here "
                              "to list without this check and on_error='skip' to the reader")
 
-    cols: Dict[str, list] = {"file": [], "start": [], "end": [], "first_line": [], "rows": []}
-    listed, arrays, blanks = [], [], 0
-    for i, f in enumerate(files):
+    listed, per_file, arrays, blanks = [], [], [], 0
+    for f in files:
         compressed = compression_of(f.path) is not None
         opener = open_decompressed if compressed else SourceFile.open
         try:
@@ -182,13 +181,9 @@ def list_jsonl_units(files: Sequence[SourceFile], *, field: Optional[str] = "tex
             found = merge_units(found, max_unit_bytes)
             f = replace(f, key=content_key(f, size), mtime_ns=None)  # keyed: a copy's new mtime says nothing
         listed.append(f)
+        per_file.append(found)
         arrays.append(array)
-        for start, end, line, rows in found:
-            for k, v in zip(("file", "start", "end", "first_line", "rows"), (i, start, end, line, rows)):
-                cols[k].append(v)
-    return JsonUnitTable(listed, np.asarray(cols["file"], np.int32), np.asarray(cols["start"], np.int64),
-                         np.asarray(cols["end"], np.int64), np.asarray(cols["first_line"], np.int64),
-                         np.asarray(cols["rows"], np.int64), "lines", blanks, np.asarray(arrays, bool))
+    return JsonUnitTable(listed, *unit_columns(per_file), "lines", blanks, np.asarray(arrays, bool))
 
 
 class ReadJsonl(CursorReader, SkipCount, Node[Doc]):

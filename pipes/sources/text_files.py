@@ -233,20 +233,22 @@ def list_line_units(files: Sequence[SourceFile], *, kind: str, rows_per_unit: in
         raise ValueError(f"{rows_per_unit=} must be >= 1")
     if max_unit_bytes < 1:
         raise ValueError(f"{max_unit_bytes=} must be >= 1")
-    cols: Dict[str, list] = {"file": [], "start": [], "end": [], "first_line": [], "rows": []}
-    blanks = 0
-    for i, f in enumerate(files):
+    per_file, blanks = [], 0
+    for f in files:
         found, blank, first_row = scan_file(f, paragraphs=kind == "paragraphs", rows_per_unit=rows_per_unit,
                                             max_unit_bytes=max_unit_bytes)
         blanks += blank
         if inspect is not None and first_row is not None:
             inspect(f, first_row)
-        for start, end, line, rows in found:
-            for k, v in zip(("file", "start", "end", "first_line", "rows"), (i, start, end, line, rows)):
-                cols[k].append(v)
-    return LineUnitTable(list(files), np.asarray(cols["file"], np.int32), np.asarray(cols["start"], np.int64),
-                         np.asarray(cols["end"], np.int64), np.asarray(cols["first_line"], np.int64),
-                         np.asarray(cols["rows"], np.int64), kind, blanks)
+        per_file.append(found)
+    return LineUnitTable(list(files), *unit_columns(per_file), kind, blanks)
+
+
+def unit_columns(per_file: Sequence[Sequence[Tuple[int, int, int, int]]]) -> Tuple[np.ndarray, ...]:
+    """A `LineUnitTable`'s ``file, start, end, first_line, rows`` from each file's ``(start, end,
+    first_line, rows)`` units."""
+    cols = np.array([(i, *unit) for i, found in enumerate(per_file) for unit in found], np.int64).reshape(-1, 5).T
+    return (cols[0].astype(np.int32),) + tuple(np.ascontiguousarray(c) for c in cols[1:])
 
 
 def list_text_units(files: Sequence[SourceFile], *, mode: str = "file", rows_per_unit: int = 1000,
