@@ -38,9 +38,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from ..base import Node
 from ..shard import WorkSlice
 from .files import SourceFile, _redact
+from .memory import FromList
 from .readers import SourcePlan
 
 FORMAT, VERSION = "tokenloom.cache", 1
@@ -173,42 +173,18 @@ def write_atomic(fs: pafs.FileSystem, path: str, data: bytes) -> None:
 
 # --- a unit's documents ----------------------------------------------------------------
 
-class _OneSlice(Node[WorkSlice]):
-    """A sharder stand-in that emits one slice: the whole of a unit."""
-
-    GIVEN = "given"
-    STATE_KEYS = (GIVEN,)
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.slice: Optional[WorkSlice] = None
-        self._given = False
-
-    def reset(self, initial_state: Optional[Dict[str, Any]] = None) -> None:
-        self._given = False if initial_state is None else bool(initial_state[self.GIVEN])
-
-    def next(self) -> WorkSlice:
-        if self._given or self.slice is None:
-            raise StopIteration
-        self._given = True
-        return self.slice
-
-    def get_state(self) -> Dict[str, Any]:
-        return {self.GIVEN: self._given}
-
-
 class UnitTexts:
     """``texts(u)``: the documents of unit ``u`` in file order, None where the source's reader
     skips the row (a null text), read by that very reader with rows in file order."""
 
     def __init__(self, plan: SourcePlan):
         self.plan = plan
-        self._slice = _OneSlice()
-        self._reader = plan.reader(self._slice, seed=0, shuffle_rows=False)  # type: ignore[arg-type]
+        self._slice: List[Optional[WorkSlice]] = [None]  # the sharder's stand-in emits this one slice
+        self._reader = plan.reader(FromList(self._slice), seed=0, shuffle_rows=False)  # type: ignore[arg-type]
 
     def __call__(self, u: int) -> List[Optional[str]]:
         n = int(self.plan.units.rows[u])
-        self._slice.slice = WorkSlice(0, int(u), 0, n)
+        self._slice[0] = WorkSlice(0, int(u), 0, n)
         self._reader.reset(None)
         out: List[Optional[str]] = [None] * n
         while True:
