@@ -151,13 +151,12 @@ def plan_source(name: str, spec: SourceSpec, *, column: str = "text", text_mode:
                          "leave manifest= out for it")
     files = [] if fmt == HF else resolve_files(spec, fmt)
     param = column_param or ("messages_field" if require_type is list else "text_column")
+    require = TEXT if require_type is str else LIST if require_type is list else None  # the column kind listed
     try:
         if fmt == HF:
-            units = list_hf_units(name, spec, column, require=TEXT if require_type is str else
-                                  LIST if require_type is list else None)
+            units = list_hf_units(name, spec, column, require=require)
             files = units.files
         elif fmt == "parquet":
-            require = TEXT if require_type is str else LIST if require_type is list else None
             units = list_units(files, column, require=require, manifest=manifest)
         elif fmt == "jsonl":
             units = list_jsonl_units(files, field=column)
