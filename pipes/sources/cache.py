@@ -45,7 +45,7 @@ from ..shard import ShardUnits, WorkSlice
 from ..tokenize import Pretokenized
 from ..tokenizer import Encoder
 from .cache_build import build_cache  # noqa: F401  (the Python entry of `tokenloom tokenize`)
-from .cache_format import (K_CACHE, K_CACHE_BYTES, K_KEY, K_SIZE, K_TOKENIZER, K_UNITS, TOKENS_DIR, UnitTexts,
+from .cache_format import (K_CACHE, K_CACHE_BYTES, K_KEY, K_SIZE, K_TOKENIZER, K_UNITS, UnitTexts, cache_files,
                            dtype_for, file_entry, file_units, header, header_conflict, matches, merged_files, open_root,
                            read_parts, source_dir)
 from .files import OpenFiles
@@ -250,8 +250,7 @@ def _attach_one(plan: SourcePlan, spec: str, encoder: Encoder, strict: bool) -> 
         raise ValueError(f"the token cache {where} was built with {key} {value!r}, this loader reads {want[key]!r}: "
                          f"build one for these settings (`{build}`, another --out), or leave cache= out")
     entries = merged_files(parts)
-    infos = fs.get_file_info(pafs.FileSelector(f"{folder}/{TOKENS_DIR}", allow_not_found=True))
-    present = {f"{TOKENS_DIR}/{os.path.basename(i.path)}": int(i.size) for i in infos if i.type == pafs.FileType.File}
+    present = cache_files(fs, folder)
     n_units = len(plan.units.rows)
     file_of, group_of = np.full(n_units, -1, np.int32), np.zeros(n_units, np.int32)
     paths: List[str] = []

@@ -39,7 +39,7 @@ import pyarrow.parquet as pq
 from ..loader.worker_threads import single_thread_tokenizers
 from ..tokenizer import Encoder, load_encoder
 from .cache_format import (CHARS, FORMAT, IDS, K_CACHE, K_CACHE_BYTES, K_DOCUMENTS, K_FILES, K_FORMAT, K_SOURCE,
-                           K_TOKENS, K_VERSION, TOKENS_DIR, VERSION, UnitTexts, dtype_for, file_entry, file_units,
+                           K_TOKENS, K_VERSION, VERSION, UnitTexts, cache_files, dtype_for, file_entry, file_units,
                            header, header_conflict, matches, merged_files, open_root, part_name, read_parts, schema,
                            source_dir, write_atomic)
 from .files import SourceSpec
@@ -138,9 +138,9 @@ class _Source:
             if p.get("rank") == rank and p.get("world_size") == world_size:
                 self.part[K_FILES].update(p[K_FILES])
         self.tmp_prefix = f".tmp-r{rank}-of-{world_size}-"
-        for path in self.listing:  # what this rank's killed build left half-written
-            if self.tmp_prefix in os.path.basename(path):
-                fs.delete_file(path)
+        for name in self.present:  # what this rank's killed build left half-written
+            if self.tmp_prefix in name:
+                fs.delete_file(f"{self.folder}/{name}")
         # Written at once, listing no file yet: a loader then sees a cache that lacks files (not none at all),
         # and another build into this folder with other settings is refused from now on.
         fs.create_dir(self.folder, recursive=True)
@@ -155,10 +155,7 @@ class _Source:
             raise ValueError(f"{self.shown} holds a cache built with {key} {value!r}, this build has "
                              f"{self.header[key]!r}; write this one to another --out (or delete that folder)")
         self.done = merged_files(parts)
-        infos = self.fs.get_file_info(pafs.FileSelector(f"{self.folder}/{TOKENS_DIR}", allow_not_found=True))
-        self.listing = [i.path for i in infos if i.type == pafs.FileType.File]
-        self.present = {f"{TOKENS_DIR}/{os.path.basename(i.path)}": int(i.size) for i in infos
-                        if i.type == pafs.FileType.File}
+        self.present = cache_files(self.fs, self.folder)
         return parts
 
     def is_done(self, i: int, want: Dict[str, Any]) -> bool:

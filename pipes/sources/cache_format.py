@@ -94,6 +94,12 @@ def cache_name(f: SourceFile) -> str:
     return f"{TOKENS_DIR}/{digest}.parquet"
 
 
+def cache_files(fs: pafs.FileSystem, folder: str) -> Dict[str, int]:
+    """The files under a source folder's ``tokens/`` (half-written ones too), as ``{"tokens/<name>": size}``."""
+    infos = fs.get_file_info(pafs.FileSelector(f"{folder}/{TOKENS_DIR}", allow_not_found=True))
+    return {f"{TOKENS_DIR}/{os.path.basename(i.path)}": int(i.size) for i in infos if i.type == pafs.FileType.File}
+
+
 def file_units(plan: SourcePlan) -> Dict[int, np.ndarray]:
     """Per file index, its units in listing order (the cache's row groups, in that order)."""
     file_of = np.asarray(plan.units.file)
