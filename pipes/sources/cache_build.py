@@ -38,7 +38,7 @@ import pyarrow.parquet as pq
 
 from ..loader.worker_threads import single_thread_tokenizers
 from ..tokenizer import Encoder, load_encoder
-from .cache_format import (CHARS, FORMAT, IDS, K_CACHE, K_CACHE_BYTES, K_DOCUMENTS, K_FILES, K_FORMAT, K_SOURCE,
+from .cache_format import (FORMAT, K_CACHE, K_CACHE_BYTES, K_DOCUMENTS, K_FILES, K_FORMAT, K_SOURCE,
                            K_TOKENS, K_VERSION, VERSION, UnitTexts, cache_files, dtype_for, file_entry, file_units,
                            header, header_conflict, matches, merged_files, open_root, part_name, read_parts, schema,
                            source_dir, write_atomic)
