@@ -93,7 +93,8 @@ def jsonl_field(line: bytes, field: str, require_type: Optional[Union[type, Tupl
                                     f"({line.strip()[:80]!r})")
     if field not in obj:
         keys = sorted(obj)
-        return None, ("missing", f"no field {field!r}; the {record} has keys {keys[:20]}{' ...' if len(keys) > 20 else ''}")
+        more = " ..." if len(keys) > 20 else ""
+        return None, ("missing", f"no field {field!r}; the {record} has keys {keys[:20]}{more}")
     value = obj[field]
     if value is None:
         return None, ("null", f"field {field!r} is null")

@@ -8,8 +8,9 @@ directory the spec resolves under (the directory itself, a glob's fixed prefix,
 a single file's directory), or where ``--out`` says. Per file it records the name
 relative to that directory, the size in bytes, the hash of the footer (the file's
 content key in resume fingerprints), the rows of every row group, and the columns
-(name, arrow type, kind), so the column checks of listing run on it unchanged. A loader built on the spec then reads that one file instead of N
-footers (a path elsewhere is passed as ``manifest=``).
+(name, arrow type, kind), so the column checks of listing run on it unchanged. A
+loader built on the spec then reads that one file instead of N footers (a path
+elsewhere is passed as ``manifest=``).
 
 Trade-off: the index is trusted for row counts and columns, but checked against
 the files. The spec is still resolved (it finds the files), and every matched
