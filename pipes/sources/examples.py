@@ -23,7 +23,8 @@ import torch
 
 from ..base import Node
 from ..loader.bridge import DROP_KEY
-from ..shard import ROW_ORDER_TAG, ShardUnits, WorkSlice, rng_for
+from ..shard import ShardUnits, WorkSlice
+from .text_files import UnitCursor
 
 
 class Example(NamedTuple):
@@ -42,44 +43,26 @@ class ReadList(Node[Example]):
         super().__init__()
         self.parent, self.items, self.source, self.index = parent, items, source, index
         self.seed, self.shuffle = seed, shuffle
-        self._slice: Optional[WorkSlice] = None
-        self._rows: np.ndarray = np.empty(0, np.int64)
-        self._start_state: Optional[Dict[str, Any]] = None
-        self._pos = self._skip_to = 0
+        self._cursor = UnitCursor(parent, self._load, seed=seed, shuffle_rows=shuffle)
+
+    def _load(self, s: WorkSlice) -> int:
+        return len(self.items)  # one unit: the whole list
 
     def reset(self, initial_state: Optional[Dict[str, Any]] = None) -> None:
-        self._slice = None
         if initial_state is None:
-            self.parent.reset(None)
-            self._start_state, self._skip_to = None, 0
+            self._cursor.reset(None, 0)
         else:
-            self._start_state = initial_state[self.PARENT]
-            self.parent.reset(self._start_state)
-            self._skip_to = int(initial_state[self.ROW])
+            self._cursor.reset(initial_state[self.PARENT], initial_state[self.ROW])
 
     def next(self) -> Example:
-        while True:
-            if self._slice is None:
-                self._start_state = self.parent.state_dict()
-                s = next(self.parent)
-                n = len(self.items)
-                order = rng_for(self.seed, ROW_ORDER_TAG, s.epoch, s.unit).permutation(n) if self.shuffle \
-                    else np.arange(n)
-                self._rows, self._slice = order[s.lo:s.hi], s
-                self._pos, self._skip_to = self._skip_to, 0
-            if self._pos < len(self._rows):
-                i = int(self._rows[self._pos])
-                self._pos += 1
-                item = self.items[i]
-                value = {**item, "dataset_name": self.source, "dataset_idx": self.index} \
-                    if isinstance(item, Mapping) else item
-                return Example(value, self.source, self._slice.epoch)
-            self._slice = None
+        s, i = self._cursor.next()
+        item = self.items[i]
+        value = {**item, "dataset_name": self.source, "dataset_idx": self.index} if isinstance(item, Mapping) else item
+        return Example(value, self.source, s.epoch)
 
     def get_state(self) -> Dict[str, Any]:
-        if self._slice is None:
-            return {self.PARENT: self.parent.state_dict(), self.ROW: self._skip_to}
-        return {self.PARENT: self._start_state, self.ROW: self._pos}
+        parent, row = self._cursor.position()
+        return {self.PARENT: parent, self.ROW: row}
 
 
 class Take(Node[Any]):
