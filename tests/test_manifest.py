@@ -185,3 +185,10 @@ def test_through_the_tokenloom_command(data, capsys):
     assert main(["index", str(data / "missing")]) == 2
     assert "missing" in capsys.readouterr().err
 
+
+
+def test_index_takes_debug_after_the_subcommand_like_every_command(data):
+    from tokenloom.cli import main
+
+    with pytest.raises(FileNotFoundError, match="missing"):  # --debug: the exception itself, not one line
+        main(["index", str(data / "missing"), "--debug"])

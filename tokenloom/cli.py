@@ -30,7 +30,7 @@ import select
 import sys
 from typing import Optional, Sequence
 
-from . import demo_cmd, inspect_cmd, run_cmd, state_cmd, tokenize_cmd
+from . import demo_cmd, index_cmd, inspect_cmd, run_cmd, state_cmd, tokenize_cmd
 from .cli_hints import for_cli
 
 EXIT_ERROR = 2
@@ -87,14 +87,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     common = Parser(add_help=False)
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show full tracebacks")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (demo_cmd, run_cmd, inspect_cmd, state_cmd, tokenize_cmd):
+    for module in (demo_cmd, run_cmd, inspect_cmd, state_cmd, index_cmd, tokenize_cmd):
         module.register(sub, common)
-    try:
-        from tokenloom.index_cmd import register as _register_index
-    except ImportError:  # pragma: no cover - added by the manifest work
-        _register_index = None
-    if _register_index is not None:
-        _register_index(sub)
 
     try:
         args = parser.parse_args(None if argv is None else list(argv))
