@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -15,6 +16,13 @@ from tokenloom.pipes.loader.bridge import decode_state
 def test_missing_file_names_it(tmp_path, tok_path):
     with pytest.raises(FileNotFoundError, match="nope.parquet"):
         pretrain(str(tmp_path / "nope.parquet"), tokenizer=tok_path)
+
+
+@pytest.mark.parametrize("spec", [["a.parquet", ["b.parquet"]], [3], [None]])
+def test_a_source_entry_that_is_not_a_path_is_named(corpus, tok_path, spec):
+    bad = spec[-1]
+    with pytest.raises(TypeError, match=rf"source entry {re.escape(repr(bad))} is a {type(bad).__name__}.*name: source"):
+        pretrain([corpus[0], *spec[1:]] if len(spec) > 1 else spec, tokenizer=tok_path)
 
 
 def test_empty_glob_names_the_pattern(tmp_path, tok_path):

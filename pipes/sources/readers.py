@@ -104,6 +104,10 @@ def detect_format(spec: SourceSpec) -> str:
     specs = [spec] if isinstance(spec, (str, os.PathLike)) else list(spec)
     found = set()
     for one in specs:
+        if not isinstance(one, (str, os.PathLike)):
+            raise TypeError(f"source entry {one!r} is a {type(one).__name__}; a source is a path, glob, directory or "
+                            "URI, or a list of them (a Hugging Face dataset stands alone); to mix sources pass "
+                            "{name: source}")
         one = os.fspath(one)
         fmt = _format_of(one)
         if fmt is None:  # a directory (or a glob without an ending): look for each kind
