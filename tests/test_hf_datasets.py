@@ -255,3 +255,20 @@ def test_elastic_resume_reads_every_row_once(hf, tok_path, monkeypatch):
     counts = collections.Counter(_decode_ids(head + list(resumed), tok_path))
     assert set(counts) == {f"d{i:05d}" for i in range(N)} and set(counts.values()) == {1}, \
         f"{len(counts)} documents, {[(k, c) for k, c in counts.items() if c != 1][:5]} more than once"
+
+
+def test_a_token_cache_of_a_saved_dataset_gives_the_same_batches(tmp_path, tok_path):
+    from tokenloom.pipes.sources.cache import build_cache
+
+    texts = synthetic_texts(1500, seed=11)
+    datasets.Dataset.from_dict({"text": texts}).save_to_disk(str(tmp_path / "hf"))
+    src = {"hf": str(tmp_path / "hf")}
+    done = build_cache(src, tok_path, str(tmp_path / "cache"), processes=2)
+    assert done["complete"] and done["sources"]["hf"]["documents"] == len(texts)
+    args = dict(tokenizer=tok_path, seq_len=95, batch_size=2, buffer_size=64, epochs=1, num_workers=2)
+    fly = list(pretrain(src, **args))
+    cached = pretrain(src, cache=str(tmp_path / "cache"), cache_strict=True, **args)
+    got = list(cached)
+    assert len(got) == len(fly) > 20
+    assert all(torch.equal(a[k], b[k]) for a, b in zip(fly, got) for k in a)
+    assert cached.stats()["sources"]["hf"]["tokenized"] == 0  # every document came from the cache
