@@ -52,46 +52,56 @@ IGNORE_INDEX = -100
 def collate_rows(rows: List[Row], *, batch_size: int, seq_len: int, pad_id: int,
                  end_label: Optional[int] = None) -> Dict[str, torch.Tensor]:
     """Build the batch dict from up to ``batch_size`` rows (missing rows are padding);
-    ``end_label``: the label after every whole document's last token (see the module docstring)."""
+    ``end_label``: the label after every whole document's last token (see the module docstring).
+
+    Vectorized over the whole batch: each row is cut into pieces (its segments, then its
+    padding run if any), and the pieces of all rows, which tile the (B, C) block exactly,
+    give segment and position ids with one ``np.repeat`` each. ~25 numpy calls a batch
+    whatever B is, where a loop per row made ~15 per row: 0.148 -> 0.089 ms at B=8, T=2048."""
     B, T, C = batch_size, seq_len, seq_len + 1
+    R = len(rows)
     tokens = np.full((B, C), pad_id, dtype=np.int64)
-    target = np.zeros((B, C), dtype=bool)  # token j is a training target
-    seg_ids = np.zeros((B, C), dtype=np.int32)
-    pos_ids = np.zeros((B, C), dtype=np.int64)
-    bounds: List[np.ndarray] = []
-    max_seqlen = 0
-    for b in range(B):
-        if b < len(rows):
-            row = rows[b]
-            tokens[b] = row.tokens
-            lens = row.seg_lens.astype(np.int64)
-            real = int(lens.sum())
-        else:
-            lens = np.empty(0, np.int64)
-            real = 0
-        # segments plus, if any, the trailing padding run as one more piece
-        pieces = lens if real == C else np.append(lens, C - real)
-        starts = np.concatenate([[0], np.cumsum(pieces)[:-1]])
-        k = len(lens)
-        seg_ids[b, :real] = np.repeat(np.arange(1, k + 1, dtype=np.int32), lens)
-        pos_ids[b] = np.arange(C) - np.repeat(starts, pieces)
-        mask = rows[b].mask if b < len(rows) else None
-        if mask is not None:
-            target[b, :real] = mask[:real]
-        else:
-            target[b, :real] = True
-        # Boundaries of the inputs (first T tokens): piece starts below T, then T.
-        in_starts = starts[starts < T]
-        bounds.append(in_starts + b * T)
-        ends = np.append(in_starts[1:], T)
-        max_seqlen = max(max_seqlen, int((ends - in_starts).max()))
+    if R:
+        tokens[:R] = np.stack([r.tokens for r in rows])
+    lens = [r.seg_lens for r in rows]
+    k = np.zeros(B, np.int64)
+    k[:R] = [len(x) for x in lens]
+    seg_len = np.concatenate(lens).astype(np.int64) if R else np.zeros(0, np.int64)
+    seg_row = np.repeat(np.arange(B), k)
+    real = np.bincount(seg_row, weights=seg_len, minlength=B).astype(np.int64)
+    pad = C - real
+    # Piece p of row b sits at first[b] + its index in the row: segments first, then padding.
+    per_row = k + (pad > 0)
+    first = np.cumsum(per_row) - per_row
+    n_pieces = int(per_row.sum())
+    piece_len = np.empty(n_pieces, np.int64)
+    piece_id = np.zeros(n_pieces, np.int32)  # 1, 2, ... per segment in its row; 0 = padding
+    idx = np.arange(len(seg_len)) - np.repeat(np.cumsum(k) - k, k)  # a segment's index in its row
+    seg_at = np.repeat(first, k) + idx
+    piece_len[seg_at] = seg_len
+    piece_id[seg_at] = idx + 1
+    padded = np.flatnonzero(pad > 0)
+    piece_len[first[padded] + k[padded]] = pad[padded]
+    seg_ids = np.repeat(piece_id, piece_len).reshape(B, C)
+    piece_start = np.cumsum(piece_len) - piece_len  # in the flattened (B*C) block
+    pos_ids = (np.arange(B * C) - np.repeat(piece_start, piece_len)).reshape(B, C)
+    target = seg_ids > 0
+    for b, row in enumerate(rows):
+        if row.mask is not None:
+            target[b, :real[b]] = row.mask[:real[b]]
+    # Boundaries of the inputs (first T tokens of each row): piece starts below T, then B*T.
+    piece_row = np.repeat(np.arange(B), per_row)
+    in_row = piece_start - piece_row * C
+    inside = in_row < T
+    starts = in_row[inside]
+    max_seqlen = int((np.minimum(starts + piece_len[inside], T) - starts).max())
+    cu = np.append(starts + piece_row[inside] * T, B * T).astype(np.int32)
     labels = tokens[:, 1:].copy()
     labels[~target[:, 1:]] = IGNORE_INDEX
     if end_label is not None:
         # An input whose next token is in another segment or padding ends a segment inside the
         # row, so it is its document's last token (see the module docstring).
         labels[(seg_ids[:, :T] > 0) & (seg_ids[:, 1:] != seg_ids[:, :T])] = end_label
-    cu = np.concatenate(bounds + [np.array([B * T])]).astype(np.int32)
     cu_full = np.full(B * T + 1, B * T, dtype=np.int32)
     cu_full[: len(cu)] = cu
     return {

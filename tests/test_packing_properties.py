@@ -207,3 +207,70 @@ def test_long_documents_do_not_clog_the_buffer():
     stats = packer.stats()
     assert stats["tokens_in"] / stats["tokens_out"] < 1.05
     assert stats["padding"] / (stats["tokens_out"] + stats["padding"]) < 0.01
+
+
+def collate_rows_per_row(rows, *, batch_size, seq_len, pad_id, end_label=None):
+    """The batch dict built one row at a time: the plain statement of the format that
+    `collate_rows` computes vectorized over the batch."""
+    B, T, C = batch_size, seq_len, seq_len + 1
+    tokens = np.full((B, C), pad_id, dtype=np.int64)
+    target = np.zeros((B, C), dtype=bool)
+    seg_ids = np.zeros((B, C), dtype=np.int32)
+    pos_ids = np.zeros((B, C), dtype=np.int64)
+    bounds, max_seqlen = [], 0
+    for b in range(B):
+        row = rows[b] if b < len(rows) else None
+        lens = row.seg_lens.astype(np.int64) if row is not None else np.empty(0, np.int64)
+        real = int(lens.sum())
+        if row is not None:
+            tokens[b] = row.tokens
+        pieces = lens if real == C else np.append(lens, C - real)
+        starts = np.concatenate([[0], np.cumsum(pieces)[:-1]])
+        seg_ids[b, :real] = np.repeat(np.arange(1, len(lens) + 1, dtype=np.int32), lens)
+        pos_ids[b] = np.arange(C) - np.repeat(starts, pieces)
+        target[b, :real] = row.mask[:real] if row is not None and row.mask is not None else True
+        in_starts = starts[starts < T]
+        bounds.append(in_starts + b * T)
+        max_seqlen = max(max_seqlen, int((np.append(in_starts[1:], T) - in_starts).max()))
+    labels = tokens[:, 1:].copy()
+    labels[~target[:, 1:]] = -100
+    if end_label is not None:
+        labels[(seg_ids[:, :T] > 0) & (seg_ids[:, 1:] != seg_ids[:, :T])] = end_label
+    cu = np.concatenate(bounds + [np.array([B * T])]).astype(np.int32)
+    cu_full = np.full(B * T + 1, B * T, dtype=np.int32)
+    cu_full[: len(cu)] = cu
+    return {"input_ids": tokens[:, :-1], "labels": labels, "position_ids": pos_ids[:, :-1],
+            "segment_ids": seg_ids[:, :-1], "cu_seqlens": cu_full, "max_seqlen": max_seqlen, "num_seqs": len(cu) - 1}
+
+
+row_st = st.lists(st.integers(1, 9), min_size=0, max_size=6)  # segment lengths
+
+
+@settings(max_examples=150, deadline=None)
+@given(rows=st.lists(st.tuples(row_st, st.booleans()), min_size=0, max_size=5), seq_len=st.integers(1, 24),
+       extra_rows=st.integers(0, 2), end_label=st.sampled_from([None, -100, 5]), data=st.data())
+def test_collate_matches_the_per_row_statement(rows, seq_len, extra_rows, end_label, data):
+    """Any rows (full, partly padded, empty, masked or not) and any
+    number of missing rows: the vectorized batch equals the row-by-row one, dtypes included."""
+    from tokenloom.pipes.items import Row
+
+    C = seq_len + 1
+    built = []
+    for lens, masked in rows:
+        lens = list(lens)
+        while sum(lens) > C:
+            lens.pop()
+        real = sum(lens)
+        toks = np.full(C, 7, np.int32)
+        toks[:real] = data.draw(st.lists(st.integers(0, 50), min_size=real, max_size=real)) if real else []
+        mask = np.array(data.draw(st.lists(st.booleans(), min_size=C, max_size=C))) if masked else None
+        built.append(Row(toks, np.array(lens, np.int32), mask, ("s",) * len(lens)))
+    B = len(built) + extra_rows
+    if B == 0:
+        return
+    got = collate_rows(built, batch_size=B, seq_len=seq_len, pad_id=7, end_label=end_label)
+    want = collate_rows_per_row(built, batch_size=B, seq_len=seq_len, pad_id=7, end_label=end_label)
+    for key, w in want.items():
+        g = got[key].numpy()
+        assert g.dtype == (np.asarray(w).dtype if key not in ("max_seqlen", "num_seqs") else np.int32), key
+        np.testing.assert_array_equal(g, w, err_msg=key)
