@@ -43,6 +43,7 @@ from ..base import StateError
 from .elastic import CARRY, OldShard, apply_carry, plan_shards, trimmed, worker_trees
 from ..sources.fingerprint import check_sources
 from .wire import WireBatch, unwrap
+from .snapshot import keep_snapshots_flat, nested_snapshot
 from .wire_ring import BatchRing, make_rings, uses_fork
 from .worker_memory import settle_worker_malloc
 from .worker_threads import single_thread_tokenizers
@@ -340,7 +341,7 @@ class TokenLoomLoader(StatefulDataLoader):
         # so the workers of an iterator still alive cannot write into the new ones.
         if self.ring_bytes and uses_fork(self.multiprocessing_context):
             self.dataset.rings = make_rings(self.num_workers, self.ring_bytes)
-        return super()._get_iterator()
+        return keep_snapshots_flat(super()._get_iterator())
 
     def _see(self, batch: Any, count: bool = True) -> Any:
         if isinstance(batch, dict) and STATS_KEY in batch:
@@ -430,7 +431,7 @@ class TokenLoomLoader(StatefulDataLoader):
             # start the workers to ask them, which torch.distributed.checkpoint's load does
             # on a fresh loader: 130-290 ms with 2 workers, thrown away at the load.)
             return {}
-        return super().state_dict()
+        return nested_snapshot(super().state_dict())
 
     def _check_meta(self, meta: Mapping[str, Any], allow_weight_change: bool, topology: bool = True) -> None:
         if meta.get(self.FORMAT) != STATE_FORMAT or meta.get(self.VERSION) != STATE_VERSION:
