@@ -345,9 +345,8 @@ class TokenLoomLoader(StatefulDataLoader):
 
     def _see(self, batch: Any, count: bool = True) -> Any:
         if isinstance(batch, dict) and STATS_KEY in batch:
-            stats = batch.pop(STATS_KEY)
-            worker = int(stats[0])
-            self._worker_stats[str(worker)] = [int(x) for x in stats[1:].tolist()]
+            worker, *counters = batch.pop(STATS_KEY)
+            self._worker_stats[str(worker)] = counters
         if count:
             self._steps += 1
         return batch
