@@ -18,6 +18,11 @@ state is a tree that mirrors the graph.
 
 The check costs one set comparison per state call (~1 µs), which is noise next
 to the hundreds of microseconds a batch of tokenizing takes.
+
+A node's ``reset`` resets its parents, so inside a graph a parent is always set up
+before it is pulled: the per-document loops (tokenizer, mixer, best-fit packer, and the
+batcher per row) call ``parent.next()`` and skip `BaseNode.__next__`'s lazy-setup check,
+~0.3 µs a call, three calls a document: ~3% of a batch's CPU read from a token cache.
 """
 
 from __future__ import annotations

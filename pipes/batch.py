@@ -165,7 +165,7 @@ class Batch(Node[Dict[str, torch.Tensor]]):
         rows: List[Row] = []
         for _ in range(self.batch_size):
             try:
-                rows.append(next(self.parent))
+                rows.append(self.parent.next())
             except StopIteration:
                 break
         if not rows:

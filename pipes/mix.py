@@ -231,7 +231,7 @@ class Mix(Node[TokenDoc]):
             if i < 0:
                 self._ended = True
                 break
-            doc = next(self.children[i])  # children are endless; a finite one ending is an error upstream
+            doc = self.children[i].next()  # children are endless; a finite one ending is an error upstream
             self._picks += 1
             passes = doc.epoch - self.first_epoch
             if passes > self._passes[i]:

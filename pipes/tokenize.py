@@ -87,7 +87,7 @@ class Tokenize(Node[TokenDoc]):
         # A restore must re-read at least the documents the saved batch had handed out.
         while len(docs) < self._skip or (len(docs) < self.batch_docs and chars < self.batch_chars):
             try:
-                doc = next(self.parent)
+                doc = self.parent.next()
             except StopIteration:
                 break
             docs.append(doc)

@@ -237,7 +237,7 @@ class BestFitPack(Node[Row]):
                 ckpts.append((seq, parent.state_dict()))
                 since = 0
             try:
-                doc = next(parent)
+                doc = parent.next()
             except StopIteration:
                 self._ended = True
                 break
