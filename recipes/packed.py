@@ -32,11 +32,10 @@ from tokenloom.pipes.pack.flat import FlatPack
 from tokenloom.pipes.pack.stats import PACK_STAT_KEYS
 from tokenloom.pipes.loader.rank_sync import RankSync, gloo_sync_from_dist
 from tokenloom.pipes.sources.cache import attach_cache
-from tokenloom.pipes.sources.readers import SourcePlan, plan_source
+from tokenloom.pipes.sources.readers import SourcePlan, named_sources, plan_source
 from tokenloom.pipes.schedule import StepClock, Weights, normalize_schedule
 from tokenloom.pipes.shard import ShardUnits, check_shardable
 from tokenloom.pipes.sources.files import SourceSpec
-from tokenloom.pipes.sources.hf_datasets import is_dataset_dict
 from tokenloom.pipes.stats import WithStats
 from tokenloom.pipes.tokenize import Tokenize
 from tokenloom.pipes.tokenizer import Encoder, load_encoder, resolve_special
@@ -395,10 +394,7 @@ def packed_loader(
         raise ValueError(f"{stop=} needs epochs=n (how many passes make a source exhausted)")
     rank, world_size = dist_rank_world(rank, world_size)
 
-    # a DatasetDict is a Mapping of splits, not of sources: one source, refused naming its splits
-    named = dict(sources) if isinstance(sources, Mapping) and not is_dataset_dict(sources) else {"default": sources}
-    if not named:
-        raise ValueError("sources is empty: give a path, glob, directory or URI, or {name: spec}")
+    named = named_sources(sources)
     if weights is not None and len(named) == 1 and not isinstance(sources, Mapping):
         raise ValueError("weights= needs several named sources: pass sources={name: spec, ...}")
     names = list(named)

@@ -23,6 +23,7 @@ datasets = pytest.importorskip("datasets")
 
 from tokenloom.pipes.shard import ShardUnits  # noqa: E402
 from tokenloom.pipes.sources import hf_datasets  # noqa: E402
+from tokenloom.pipes.sources.cache import build_cache  # noqa: E402
 from tokenloom.pipes.sources.readers import plan_source  # noqa: E402
 from tokenloom.pipes.tokenizer import load_encoder, resolve_special  # noqa: E402
 from tokenloom.recipes import pretrain, sft  # noqa: E402
@@ -181,6 +182,9 @@ def test_dataset_dict_without_a_split_names_its_splits(hf, tok_path):
             _loader(spec, tok_path)
     with pytest.raises(ValueError, match=r"splits \['train', 'test'\]"):  # not two sources named after the splits
         pretrain(dd, tok_path, seq_len=SEQ_LEN, batch_size=BATCH)
+    with pytest.raises(ValueError, match=r"splits \['train', 'test'\]"):  # nor a cache of two such sources
+        build_cache(dd, tok_path, os.path.join(hf["dict"] + "-cache"), processes=1)
+    assert not os.path.exists(hf["dict"] + "-cache")
     assert plan_source("hf", os.path.join(hf["dict"], "train")).total_rows == 500
     assert plan_source("hf", dd["test"]).total_rows == 100
 
@@ -258,7 +262,6 @@ def test_elastic_resume_reads_every_row_once(hf, tok_path, monkeypatch):
 
 
 def test_a_token_cache_of_a_saved_dataset_gives_the_same_batches(tmp_path, tok_path):
-    from tokenloom.pipes.sources.cache import build_cache
 
     texts = synthetic_texts(1500, seed=11)
     datasets.Dataset.from_dict({"text": texts}).save_to_disk(str(tmp_path / "hf"))

@@ -43,7 +43,7 @@ from .cache_format import (FORMAT, K_CACHE, K_CACHE_BYTES, K_DOCUMENTS, K_FILES,
                            header, header_conflict, matches, merged_files, open_root, part_name, read_parts, schema,
                            source_dir, write_atomic)
 from .files import SourceSpec
-from .readers import SourcePlan, plan_source
+from .readers import SourcePlan, named_sources, plan_source
 
 #: Documents per encode call in a build process (bounds its memory, not its speed).
 ENCODE_DOCS = 256
@@ -224,13 +224,6 @@ class _FileWriter:
             pass
 
 
-def _named(sources: Union[SourceSpec, Mapping[str, SourceSpec]]) -> Dict[str, SourceSpec]:
-    named = dict(sources) if isinstance(sources, Mapping) else {"default": sources}
-    if not named:
-        raise ValueError("sources is empty: give a path, glob, directory or URI, or {name: spec}")
-    return named
-
-
 def build_cache(sources: Union[SourceSpec, Mapping[str, SourceSpec]], tokenizer: Any, out: str, *,
                 text_column: str = "text", text_mode: str = "file",
                 manifest: Union[str, Mapping[str, str], None] = None, processes: Optional[int] = None,
@@ -245,7 +238,7 @@ def build_cache(sources: Union[SourceSpec, Mapping[str, SourceSpec]], tokenizer:
     if processes is not None and processes < 1:
         raise ValueError(f"processes={processes} must be >= 1 (None: every CPU this process may use)")
     rank, world_size = rank_world(rank, world_size)
-    named = _named(sources)
+    named = named_sources(sources)
     manifests = dict(manifest) if isinstance(manifest, Mapping) else \
         ({} if manifest is None else {n: manifest for n in named})
     encoder = load_encoder(tokenizer)

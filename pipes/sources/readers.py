@@ -25,11 +25,11 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, Mapping, Optional, Union
 
 from ..base import Node
 from ..items import Doc
-from .hf_datasets import HF, ReadArrow, is_hf_source, list_hf_units
+from .hf_datasets import HF, ReadArrow, is_dataset_dict, is_hf_source, list_hf_units
 from .jsonl import ReadJsonl, list_jsonl_units
 from .manifest import list_units
 from .parquet import LIST, TEXT, ReadParquet
@@ -48,6 +48,16 @@ _COLUMN_HINTS = (
     ("field= (text_column= in recipes)", "{param}="),
     ("text_column=", "{param}="),  # parquet's check_column
 )
+
+
+def named_sources(sources: Union[SourceSpec, Mapping[str, SourceSpec]]) -> Dict[str, SourceSpec]:
+    """``{name: spec}`` of what a recipe or a cache build is given: a mapping names its sources, anything
+    else is the one source ``"default"``. A ``DatasetDict`` is a mapping of splits, not of sources: one
+    source, which `plan_source` refuses naming its splits."""
+    named = dict(sources) if isinstance(sources, Mapping) and not is_dataset_dict(sources) else {"default": sources}
+    if not named:
+        raise ValueError("sources is empty: give a path, glob, directory or URI, or {name: spec}")
+    return named
 
 
 def _reworded(text: str, param: str) -> Optional[str]:
