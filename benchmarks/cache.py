@@ -280,7 +280,12 @@ def _markdown(r: Dict[str, Any]) -> str:
                       f"delivered rate rises {e['ratio_median']:.1f}x, not 10x. The training process is not the "
                       f"limit here ({main_ms:.2f} of {wall_ms:.2f} ms a batch); it would be at "
                       f"~{tokens / main_ms / 1e3:.0f} M tokens/s, with "
-                      f"~{workers_ms / main_ms:.0f} cache workers on cores of their own."]
+                      f"~{workers_ms / main_ms:.0f} cache workers on cores of their own.",
+                  "", f"{engine}: 10x would be {10 * e['fly_tokens_per_s'] / 1e6:.1f} M tokens/s, a batch every "
+                      f"{tokens / (10 * e['fly_tokens_per_s']) * 1e3:.2f} ms: at most "
+                      f"{2 * tokens / (10 * e['fly_tokens_per_s']) * 1e3:.2f} ms of CPU a batch on the 2 cores for "
+                      f"everything, against {workers_ms + main_ms:.2f} ms now ({workers_ms:.2f} in the workers, "
+                      f"{main_ms:.2f} in the training process)."]
     d = r["disk_32k"]
     per32 = ", ".join(f"{n} {v:.2f}" for n, v in d["bytes_per_token_by_source"].items())
     lines += ["", f"Disk (uint16 ids, zstd): {first['cache_bytes_per_token']:.2f} bytes per token with the demo "
