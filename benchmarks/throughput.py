@@ -33,12 +33,15 @@ the lower of the two (they differ by the best-fit buffer's swing, ~0.5M tokens).
 - ``naive``: a plain ``torch.utils.data.DataLoader`` over a generator that reads
   the files, tokenizes (batched, per row group) and concatenates into (B, T+1)
   blocks; 0/2 workers.
-- checkpointability: the same `NodeDataset` (``loader.dataset`` of a pretrain
-  loader) under ``StatefulDataLoader`` with a snapshot every step vs a plain
-  ``DataLoader``, 2 workers, both with the pretrain loader's worker settings,
-  in 5 back-to-back pairs of 600-batch runs: the median of the pairs' ratios of
-  wall time and of CPU time (main + workers), and the training process's CPU
-  per batch; plus the snapshot work itself, measured in one process.
+- checkpointability: the pretrain loader as built (a snapshot at every step,
+  kept flat until asked for; batches through the shared-memory ring) vs the
+  same loader taking none (``snapshot_every_n_steps`` beyond the run), 2
+  workers, in 5 back-to-back pairs of 600-batch runs: the median of the pairs'
+  ratios of wall time and of CPU time (main + workers), and the training
+  process's CPU per batch; plus the snapshot work itself, measured in one
+  process. (Until 2026-11-23 the pair was the bare ``NodeDataset`` under
+  ``StatefulDataLoader`` vs a plain ``DataLoader``: neither had the ring, and
+  the stateful one rebuilt every worker's state at every step.)
 - the loader state per worker (``torch.save`` bytes), resume latency (build +
   ``load_state_dict`` + first batch) vs a cold start (build + first batch), and
   worker memory (RSS from /proc) over 10,000 batches. For the RSS run the batches
@@ -254,17 +257,8 @@ def task_naive(workers: int, warmup: int, n: int) -> dict:
 
 
 def task_checkpoint(kind: str, warmup: int, n: int, workers: int = 2) -> dict:
-    from torch.utils.data import DataLoader
-    from torchdata.stateful_dataloader import StatefulDataLoader
-
-    pre = build(corpus_files(), num_workers=workers)
-    # the pretrain loader's worker settings (ready batches, worker_init_fn) in both
-    kw = dict(batch_size=None, num_workers=workers, collate_fn=_identity, prefetch_factor=pre.prefetch_factor,
-              worker_init_fn=pre.worker_init_fn)
-    if kind == "plain":
-        loader = DataLoader(pre.dataset, **kw)
-    else:
-        loader = StatefulDataLoader(pre.dataset, snapshot_every_n_steps=1, **kw)
+    # "plain": no snapshot within the run (torchdata's workers then send no state either)
+    loader = build(corpus_files(), num_workers=workers, snapshot_every_n_steps=1 if kind == "stateful" else 10 ** 9)
     r = _time_window(loader, warmup, n)
     r["tokens"] = 0  # the same batches in both runs: compare their seconds
     return r
@@ -711,7 +705,7 @@ def results_markdown(out: dict, command: str) -> str:
         f"({out['rows_vs_ceiling'][t['pretrain_vs_ceiling']['config']]:.2f}x) and tokenized "
         f"({out['vs_ceiling'][t['pretrain_vs_ceiling']['config']]:.2f}x) | "
         f"{t['pretrain_vs_ceiling']['value']:.2f}x | >= 0.9x | {ok(t['pretrain_vs_ceiling'])} |",
-        f"| checkpoint cost: StatefulDataLoader, snapshot every step, vs plain DataLoader (2 workers), median of "
+        f"| checkpoint cost: the pretrain loader, a snapshot every step vs none (2 workers), median of "
         f"{len(out['checkpoint']['pairs'])} back-to-back pairs | "
         f"{100 * t['checkpoint_cost']['value']:+.1f}% | <= 3% | {ok(t['checkpoint_cost'])} |",
         f"| loader state per worker (torch.save, buffer {BUFFER}) | "
@@ -746,8 +740,8 @@ def results_markdown(out: dict, command: str) -> str:
         lines.append(f"| {k} | {out['rows_tokens_per_s'][k] / 1e6:.2f} | {out['rows_vs_ceiling'][k]:.2f}x | "
                      f"{out['tokens_per_s'][k] / 1e6:.2f} | {v:.2f}x | {out['cpu_efficiency_vs_ceiling'][k]:.2f} |")
     ck = out["checkpoint"]
-    lines += ["", f"Checkpointability, the same NodeDataset and worker settings, 2 workers, {ck['window']} batches "
-              f"per run, {len(ck['pairs'])} plain/stateful pairs back to back: per batch {ck['batch_ms']['plain']:.1f} "
+    lines += ["", f"Checkpointability, the pretrain loader with a snapshot every step (stateful) or none (plain), "
+              f"2 workers, {ck['window']} batches per run, {len(ck['pairs'])} plain/stateful pairs back to back: per batch {ck['batch_ms']['plain']:.1f} "
               f"vs {ck['batch_ms']['stateful']:.1f} ms (medians); the pairs' wall costs "
               f"{[f'{100 * x:+.1f}%' for x in ck['wall_costs']]}, median {100 * ck['wall_cost']:+.1f}%; CPU time of "
               f"main + workers {100 * ck['cpu_cost']:+.1f}% (median); the training process's own CPU per batch "
