@@ -3,8 +3,8 @@
 The loader's main process sees batches in exactly the order the training loop
 does, so statistics counted there are "what the loop has seen", with no extra
 channel between processes. Each batch carries its worker's *cumulative* counters
-(a tuple of a few ints under `STATS_KEY`, pickled with the batch's envelope: a tensor
-cost ~25 us a batch to build, send through the ring and read back); the loader keeps the latest vector per worker
+(a tuple of a few ints under `STATS_KEY`, pickled with the batch's envelope rather
+than sent as a tensor through the ring); the loader keeps the latest vector per worker
 and sums them. Cumulative counters make this robust to the batches the loader
 skips internally while resuming: the next batch a worker delivers brings the
 right totals.
