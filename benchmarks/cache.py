@@ -20,6 +20,11 @@ the window) and the workers' CPU per batch (/proc of the child processes). And t
 work a batch costs in one process (``num_workers=0``, CPU per batch over 500 batches):
 what is left when tokenizing is gone (mixing, packing, collation).
 
+Breakdown: with one worker, where a cached batch's CPU goes: the worker's main thread timed in
+parts from inside it (the nodes, the parquet reads, the ring, the state and torchdata's delta,
+the rest of the loop), its other threads from /proc (the queue's feeder thread), and the
+training process.
+
 Build cost: ``build_cache(processes=2)`` of both sources (wall, including listing and
 writing) against one epoch on the fly (``epochs=1``, ``cycle_exhausted=False``: every
 document once, 2 workers, from building the loader to its last batch). Disk: cache
@@ -123,6 +128,98 @@ def child_inprocess(root: str, mode: str, engine: str, batches: int) -> Dict[str
     return {"mode": mode, "engine": engine, "cpu_ms_per_batch": 1e3 * (time.process_time() - c0) / batches}
 
 
+def _threads_cpu() -> Dict[str, float]:
+    """CPU seconds per thread of this process's live children, ``{"pid/tid name": seconds}``, from /proc."""
+    me, tick, out = os.getpid(), os.sysconf("SC_CLK_TCK"), {}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if int(f.read().rsplit(")", 1)[1].split()[1]) != me:
+                    continue
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                    st = f.read()
+                g = st.rsplit(")", 1)[1].split()
+                out[f"{pid}/{tid} {st.split('(', 1)[1].rsplit(')', 1)[0]}"] = (int(g[11]) + int(g[12])) / tick
+        except OSError:
+            continue
+    return out
+
+
+def child_breakdown(root: str, engine: str, batches: int) -> Dict[str, Any]:
+    """Where a cached batch's CPU goes, with one worker: its main thread's parts timed inside the
+    worker (thread CPU; the loader's internals are wrapped here, a benchmark's look inside), its
+    other threads from /proc, and the training process's own CPU."""
+    import threading
+
+    from torchdata.stateful_dataloader import worker as td_worker
+    from torchdata.stateful_dataloader.incremental_state import _IncrementalWorkerState
+
+    from tokenloom.pipes.loader import bridge
+    from tokenloom.recipes import pretrain
+
+    import pyarrow.parquet as pq
+
+    acc = {"graph": 0.0, "read": 0.0, "wire": 0.0, "state": 0.0, "delta": 0.0}
+    count = [0]
+    out_path = os.path.join(root, f"breakdown-{os.getpid()}.json")
+    clock = time.thread_time
+
+    def timed_next(self):  # NodeDataset.__next__ in a worker, in two timed parts
+        t0 = clock()
+        batch = next(self._root)
+        t1 = clock()
+        wire = bridge.WireBatch(batch, self.rings[bridge.get_worker_info().id] if self.rings else None)
+        acc["graph"] += t1 - t0
+        acc["wire"] += clock() - t1
+        count[0] += 1
+        if count[0] % 200 == 0:  # the latest per-batch means, for the training process to read
+            with open(out_path + ".tmp", "w") as f:
+                json.dump({"batches": count[0], "main_thread_s": clock(), **acc,
+                           "threads": {str(t.native_id): t.name for t in threading.enumerate()}}, f)
+            os.replace(out_path + ".tmp", out_path)
+        return wire
+
+    def timed(fn, key):
+        def wrapped(*a, **k):
+            t0 = clock()
+            try:
+                return fn(*a, **k)
+            finally:
+                acc[key] += clock() - t0
+        return wrapped
+
+    bridge.NodeDataset.__next__ = timed_next
+    pq.ParquetFile.read_row_group = timed(pq.ParquetFile.read_row_group, "read")
+    td_worker._make_state_dict = timed(td_worker._make_state_dict, "state")
+    _IncrementalWorkerState.generate_delta = timed(_IncrementalWorkerState.generate_delta, "delta")
+    loader = pretrain(_sources(root), tokenizer=_encoder(engine), seq_len=T, batch_size=B, num_workers=1,
+                      weights=WEIGHTS, cache=os.path.join(root, "cache"))
+    it = iter(loader)
+    for _ in range(100):
+        next(it)
+    threads0, main0 = _threads_cpu(), _self_cpu()
+    for _ in range(batches):
+        next(it)
+    threads1, main1 = _threads_cpu(), _self_cpu()
+    with open(out_path) as f:
+        w = json.load(f)
+    n = w["batches"]
+    per = {k: 1e3 * w[k] / n for k in acc}
+    per["graph"] -= per["read"]  # graph: the nodes without the reading of cache files
+    per["rest of the worker loop"] = 1e3 * w["main_thread_s"] / n - sum(per.values())
+    others = {}
+    for key, cpu in threads1.items():
+        tid = key.split(" ", 1)[0].split("/")[1]
+        name = w["threads"].get(tid, "not started by Python")
+        if name != "MainThread" and cpu > threads0.get(key, 0.0):
+            others[name] = others.get(name, 0.0) + 1e3 * (cpu - threads0.get(key, 0.0)) / batches
+    return {"engine": engine, "batches": batches, "worker_main_thread_ms": per,
+            "worker_other_threads_ms": others, "training_process_ms": 1e3 * (main1 - main0) / batches}
+
+
 def child_build(root: str, engine: str) -> Dict[str, Any]:
     from tokenloom.pipes.sources.cache import build_cache
 
@@ -188,7 +285,7 @@ def main() -> None:
     if args.child:
         root, what, *rest = args.child
         fn = {"stream": child_stream, "inprocess": child_inprocess, "build": child_build, "epoch": child_epoch,
-              "disk": child_disk}[what]
+              "disk": child_disk, "breakdown": child_breakdown}[what]
         conv = [int(x) if x.isdigit() else x for x in rest]
         print(json.dumps(fn(root, *conv)))
         return
@@ -241,6 +338,7 @@ def main() -> None:
                 "runs": runs,
             }
         result["disk_32k"] = _run(root, "disk", "32768")
+        result["breakdown"] = _run(root, "breakdown", args.engines[0], str(3 * args.batches))
     finally:
         shutil.rmtree(root, ignore_errors=True)
     print(json.dumps(result, indent=1))
@@ -286,6 +384,27 @@ def _markdown(r: Dict[str, Any]) -> str:
                       f"{2 * tokens / (10 * e['fly_tokens_per_s']) * 1e3:.2f} ms of CPU a batch on the 2 cores for "
                       f"everything, against {workers_ms + main_ms:.2f} ms now ({workers_ms:.2f} in the workers, "
                       f"{main_ms:.2f} in the training process)."]
+    bd = r.get("breakdown")
+    if bd:
+        wm, wo = bd["worker_main_thread_ms"], bd["worker_other_threads_ms"]
+        total = sum(wm.values()) + sum(wo.values())
+        labels = {"graph": "the nodes: reader, mixer, best-fit packer, collation (minus reading)",
+                  "read": "reading the cache files (parquet decode)",
+                  "wire": "the batch's arrays into the shared-memory ring", "state": "the node graph's state",
+                  "delta": "torchdata's incremental delta of that state",
+                  "rest of the worker loop": "the rest of torchdata's worker loop (queues)"}
+        lines += ["", f"Where a cached batch's CPU goes, one worker, {bd['batches']:,} batches (its threads' CPU "
+                      "time; the parts of its main thread timed inside it):", "",
+                  "| where | ms a batch | share of the worker |", "|---|---|---|"]
+        lines += [f"| worker: {labels.get(k, k)} | {v:.3f} | {100 * v / total:.0f}% |" for k, v in wm.items()]
+        lines += [f"| worker thread {k}{' (pickles and sends the batch message)' if k == 'QueueFeederThread' else ''}"
+                  f" | {v:.3f} | {100 * v / total:.0f}% |" for k, v in wo.items()]
+        lines += [f"| training process (all of it) | {bd['training_process_ms']:.3f} | |"]
+        ip = r["engines"].get(bd["engine"], {}).get("inprocess_cpu_ms_per_batch", {}).get("cache")
+        if ip:
+            lines += ["", f"The nodes and the reading take {wm['graph'] + wm['read']:.2f} ms a batch in the worker; "
+                          f"the whole loop in one process took {ip:.2f} ms (table above). The queue feeder thread "
+                          "and torchdata's loop are torch's machinery for moving a batch between processes."]
     d = r["disk_32k"]
     per32 = ", ".join(f"{n} {v:.2f}" for n, v in d["bytes_per_token_by_source"].items())
     lines += ["", f"Disk (uint16 ids, zstd): {first['cache_bytes_per_token']:.2f} bytes per token with the demo "
