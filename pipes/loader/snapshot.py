@@ -11,13 +11,15 @@ training process's own work per batch, with 2 workers.
 each worker's flat dicts (~0.2 us; leaves are never changed in place, a delta
 replaces them) and `nested_snapshot` builds the same nested dicts when the loader's
 ``state_dict()`` runs. It touches torchdata internals (`_update_snapshot`, the
-`_IncrementalWorkerState` fields): torchdata is pinned to 0.11, and
+`_IncrementalWorkerState` fields): torchdata is pinned to 0.11, the module checks
+at import that they are as expected (else torchdata's own rebuild stays), and
 tests/test_wire.py compares the states it gives with torchdata's own at every step.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 import weakref
 from typing import Any, Dict, NamedTuple, Optional
 
@@ -27,6 +29,7 @@ from torchdata.stateful_dataloader.incremental_state import (
     _FETCHER_ENDED,
     _FETCHER_STATE,
     _WORKER_ID,
+    _IncrementalWorkerState,
     _unflatten,
 )
 from torchdata.stateful_dataloader.stateful_dataloader import _StatefulMultiProcessingDataLoaderIter
@@ -63,9 +66,29 @@ def _update_snapshot_flat(self, snapshot_step, last_yielded_worker_id, num_worke
     }
 
 
+def _internals_as_expected() -> bool:
+    """Whether this torchdata has the internals `_update_snapshot_flat` relies on; if not, its
+    own per-step rebuild stays (slower, never wrong)."""
+    it, w = _StatefulMultiProcessingDataLoaderIter, _IncrementalWorkerState(None)
+    try:
+        params = list(inspect.signature(it._update_snapshot).parameters)
+    except (AttributeError, TypeError, ValueError):
+        return False
+    return (params == ["self", "snapshot_step", "last_yielded_worker_id", "num_workers", "main_snapshot",
+                       "worker_snapshots"]
+            and all(hasattr(it, a) for a in ("_SNAPSHOT", "_SNAPSHOT_STEP", "_LAST_YIELDED_WORKER_ID",
+                                              "_MAIN_SNAPSHOT", "_WORKER_SNAPSHOTS"))
+            and all(hasattr(w, a) for a in ("_worker_id", "_fetcher_ended"))
+            and all(hasattr(getattr(w, a, None), "flat_state") for a in ("_incr_dataset_state",
+                                                                        "_incr_fetcher_iter_state")))
+
+
+_EXPECTED = _internals_as_expected()
+
+
 def keep_snapshots_flat(it: Any) -> Any:
     """Make a multi-worker iterator keep its snapshots flat (see the module docstring)."""
-    if isinstance(it, _StatefulMultiProcessingDataLoaderIter):
+    if _EXPECTED and isinstance(it, _StatefulMultiProcessingDataLoaderIter):
         # Through a weak proxy: a bound method stored on the iterator would be a reference
         # cycle, leaving the iterator (and its workers' shutdown) to the garbage collector:
         # deleting a loader with persistent workers then took 10 s instead of 0.1 s.
