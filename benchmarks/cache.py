@@ -31,7 +31,7 @@ document once, 2 workers, from building the loader to its last batch). Disk: cac
 bytes per token, with the demo tokenizer (4,096 ids) and with a 32,768-id byte-level BPE
 trained on the corpus (`sample_data.train_tokenizer`): both store uint16 ids.
 
-    python benchmarks/cache.py            # ~4 minutes on 2 cores
+    python benchmarks/cache.py            # ~5 minutes on 2 cores
     python benchmarks/cache.py --quick    # 1 round, 300-batch windows, demo engine only
 Prints JSON; writes benchmarks/cache.json and the ``## cache`` section of benchmarks/RESULTS.md.
 """

@@ -57,7 +57,7 @@ Targets (issue 6): pretrain >= 0.9x the ceiling with as many workers as cores;
 checkpoint cost <= 3%; state <= 16 KB per worker at buffer 1000; resume <= 1.5x
 a cold start; flat worker memory (here: <= 5% growth from 20% of the run to the end).
 
-    python benchmarks/throughput.py              # ~12 minutes on 2 cores
+    python benchmarks/throughput.py              # ~5 minutes on 2 cores
     python benchmarks/throughput.py --quick      # ~4 minutes: 2 rounds, 300-batch windows, 2,000 RSS batches
     python benchmarks/throughput.py --profile    # also: cProfile over 150 batches with 0 workers
 Prints JSON; writes benchmarks/throughput.json, benchmarks/throughput.png and
