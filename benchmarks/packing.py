@@ -153,6 +153,18 @@ def run_packer(packer, warm_docs: int, n_docs: int):
     }
 
 
+def _fit_or_crop(buf: list, space: int):
+    """One placement of the reference rules below, in ``space`` tokens left in the row: the largest
+    buffered document that fits, else the shortest cropped to fill the row. ``buf`` is sorted
+    (length, id); returns (id, tokens placed, tokens dropped)."""
+    i = bisect.bisect_right(buf, (space, float("inf"))) - 1
+    if i >= 0:
+        n, d = buf.pop(i)
+        return d, n, 0
+    n, d = buf.pop(0)  # the shortest; it does not fit
+    return d, space, n - space
+
+
 def nanochat_bestfit_crop(docs: list, buffer_size: int, warm_docs: int):
     """nanochat's tokenizing_distributed_data_loader_bos_bestfit packing, on lengths:
     per row, take the largest document that fits; when none fits, crop the shortest
@@ -188,15 +200,9 @@ def nanochat_bestfit_crop(docs: list, buffer_size: int, warm_docs: int):
         while col < C:
             if not refill() and not buf:
                 break
-            space = C - col
-            i = bisect.bisect_right(buf, (space, float("inf"))) - 1
-            if i >= 0:
-                n, d = buf.pop(i)
-                col += n
-            else:
-                n, d = buf.pop(0)  # shortest; it does not fit
-                discarded += n - space
-                col = C
+            d, used, cut = _fit_or_crop(buf, C - col)
+            col += used
+            discarded += cut
             if d >= warm_docs:
                 wait = max(wait, nid - d)
         if col == C:
@@ -256,15 +262,9 @@ def simple_crop(docs: list, buffer_size: int, warm_docs: int):
             refill()
             if not buf:
                 break  # the stream ended mid-row
-            space = C - col
-            i = bisect.bisect_right(buf, (space, float("inf"))) - 1
-            if i >= 0:
-                n, d = buf.pop(i)
-                col += n
-            else:
-                n, d = buf.pop(0)  # the shortest; it does not fit
-                discarded += n - space
-                col = C
+            d, used, cut = _fit_or_crop(buf, C - col)
+            col += used
+            discarded += cut
             placed(d)
         rows += col == C
     return {"padding": 0.0, "discarded": discarded / tokens_in, "rows": rows, "seconds": time.perf_counter() - t0,
