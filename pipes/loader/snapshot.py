@@ -60,8 +60,8 @@ def _update_snapshot_flat(self, snapshot_step, last_yielded_worker_id, num_worke
         self._LAST_YIELDED_WORKER_ID: last_yielded_worker_id,
         self._MAIN_SNAPSHOT: main_snapshot,
         self._WORKER_SNAPSHOTS: _FlatWorkers(
-            (key, _FlatWorker(w._worker_id, w._fetcher_ended, dict(w._incr_dataset_state.flat_state or {}),
-                              dict(w._incr_fetcher_iter_state.flat_state or {})))
+            (key, _FlatWorker(w._worker_id, w._fetcher_ended, dict(w._incr_dataset_state.flat_state),
+                              dict(w._incr_fetcher_iter_state.flat_state)))
             for key, w in worker_snapshots.items()),
     }
 
@@ -99,7 +99,7 @@ def keep_snapshots_flat(it: Any) -> Any:
 def nested_snapshot(inner: Dict[str, Any]) -> Dict[str, Any]:
     """``inner`` (a StatefulDataLoader state) with its worker snapshots nested, as torchdata
     builds them; a copy when anything was flat, else ``inner`` itself."""
-    snap = inner.get(_StatefulMultiProcessingDataLoaderIter._SNAPSHOT) if isinstance(inner, dict) else None
+    snap = inner.get(_StatefulMultiProcessingDataLoaderIter._SNAPSHOT)
     key = _StatefulMultiProcessingDataLoaderIter._WORKER_SNAPSHOTS
     workers = snap.get(key) if isinstance(snap, dict) else None
     if not isinstance(workers, _FlatWorkers):
