@@ -25,12 +25,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tokenloom.cli import main
 from tokenloom.pipes import load_encoder
 from tokenloom.pipes.loader import decode_state
 from tokenloom.pipes.sources.cache import build_cache
-from tokenloom.pipes.sources.cache_format import TOKENS_DIR, UnitTexts, file_units
+from tokenloom.pipes.sources.cache_format import (TOKENS_DIR, WRITER_OPTIONS, UnitTexts, dtype_for, file_units, ids_array,
+                                                  read_ids)
 from tokenloom.pipes.sources.readers import plan_source
 from tokenloom.recipes import pretrain
 from tokenloom.sample_data import train_tokenizer
@@ -166,6 +169,42 @@ def test_cache_of_another_tokenizer_is_refused_naming_it(sources, cache_dir, tmp
         build_cache(sources, str(other), cache_dir, processes=1)
 
 
+def test_cache_of_an_older_format_is_refused_saying_rebuild(sources, cache_dir, tok_path, tmp_path):
+    old = str(tmp_path / "old")
+    shutil.copytree(cache_dir, old)
+    part = next(os.path.join(old, "code", p) for p in os.listdir(os.path.join(old, "code")) if p.startswith("manifest-"))
+    doc = json.load(open(part))
+    doc["version"] = 1  # ids as list<uint16>, before they were stored as bytes
+    json.dump(doc, open(part, "w"))
+    with pytest.raises(ValueError, match=r"manifest of version 2 \(format and version \('tokenloom.cache', 1\)\).*"
+                                         r"build the cache again"):
+        pretrain(sources, tokenizer=tok_path, cache=old, **ARGS)
+
+
+@pytest.mark.parametrize("dtype", ["uint16", "uint32"])
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_ids_column_round_trips_through_parquet(tmp_path_factory, dtype, data):
+    """What the build writes, the reader reads back: every row's ids, nulls, empty rows, any dtype
+    (here through a parquet file written with the cache's settings, and a sliced column)."""
+    top = np.iinfo(dtype).max
+    rows = data.draw(st.lists(st.one_of(st.none(), st.lists(st.integers(0, top), max_size=40)), max_size=30))
+    lengths = [0 if r is None else len(r) for r in rows]
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    values = np.array([x for r in rows if r is not None for x in r], dtype=dtype)
+    valid = np.array([r is not None for r in rows], bool)
+    column = ids_array(values, offsets, None if valid.all() else valid, dtype)
+    path = str(tmp_path_factory.mktemp("ids") / "u.parquet")
+    pq.write_table(pa.table({"ids": column, "chars": pa.array(lengths, pa.uint32())}), path, **WRITER_OPTIONS)
+    read = pq.read_table(path).column("ids")
+    lo = data.draw(st.integers(0, len(rows)))
+    for col, want in ((read, rows), (read.slice(lo), rows[lo:]), (column.slice(lo), rows[lo:])):
+        got_values, got_offsets, got_valid = read_ids(col, dtype)
+        got = [None if got_valid is not None and not got_valid[i] else
+               got_values[got_offsets[i]:got_offsets[i + 1]].tolist() for i in range(len(want))]
+        assert got == want and len(got_offsets) == len(want) + 1
+
+
 def test_cache_of_changed_files_is_refused_naming_them(sources, tok_path, tmp_path):
     local = {n: str(tmp_path / n) for n in sources}
     for n, d in sources.items():
@@ -211,7 +250,9 @@ def _unit_ids_match_texts(glob, tok_path, folder):
         assert pf.metadata.num_row_groups == len(units)
         for g, u in enumerate(units):
             docs = texts(int(u))
-            got = pf.read_row_group(g).column("ids").to_pylist()
+            values, offsets, valid = read_ids(pf.read_row_group(g).column("ids"), dtype_for(enc.vocab_size))
+            got = [None if valid is not None and not valid[i] else values[offsets[i]:offsets[i + 1]].tolist()
+                   for i in range(len(offsets) - 1)]
             want = [None if t is None else ids.tolist() for t, ids in zip(docs, enc.encode_batch(
                 [t if t is not None else "" for t in docs]))]
             assert got == want, f"unit {u} (row group {g} of {entry['cache']}) is not the ids of its texts"

@@ -45,9 +45,9 @@ from ..shard import ShardUnits, WorkSlice
 from ..tokenize import Pretokenized
 from ..tokenizer import Encoder
 from .cache_build import build_cache  # noqa: F401  (the Python entry of `tokenloom tokenize`)
-from .cache_format import (K_CACHE, K_CACHE_BYTES, K_KEY, K_SIZE, K_TOKENIZER, K_UNITS, UnitTexts, cache_files,
+from .cache_format import (K_CACHE, K_CACHE_BYTES, K_DTYPE, K_KEY, K_SIZE, K_TOKENIZER, K_UNITS, UnitTexts, cache_files,
                            dtype_for, file_entry, file_units, header, header_conflict, matches, merged_files, open_root,
-                           read_parts, source_dir)
+                           read_ids, read_parts, source_dir)
 from .files import OpenFiles
 from .readers import SourcePlan
 from .text_files import CursorReader, SkipCount, UnitCursor
@@ -63,8 +63,8 @@ SHOWN = 6
 @dataclass
 class UnitCache:
     """Where each unit of one source sits in its cache: unit ``u`` is row group ``group[u]``
-    of ``paths[file[u]]`` (on ``fs``), or not cached when ``file[u]`` is -1. Picklable: it
-    travels to the loader workers with the source's plan."""
+    of ``paths[file[u]]`` (on ``fs``), or not cached when ``file[u]`` is -1; ids stored as
+    ``dtype``. Picklable: it travels to the loader workers with the source's plan."""
 
     fs: pafs.FileSystem
     shown: str
@@ -72,6 +72,7 @@ class UnitCache:
     sizes: List[int]
     file: np.ndarray
     group: np.ndarray
+    dtype: str
 
 
 @dataclass
@@ -157,10 +158,8 @@ class ReadCached(CursorReader, SkipCount, Node[Doc]):
             if table.num_rows != n:
                 raise RuntimeError(f"cache file {path}, row group {g} has {table.num_rows} rows, unit {u} "
                                    f"({self.units.where(u)}) has {n}: the cache is not of these files; rebuild it")
-            ids = table.column(0).combine_chunks()
-            self._values = ids.values.to_numpy(zero_copy_only=False)
-            self._offsets = ids.offsets.to_numpy().tolist()
-            self._valid = None if ids.null_count == 0 else ids.is_valid().to_numpy(zero_copy_only=False)
+            self._values, offsets, self._valid = read_ids(table.column(0), self.cache.dtype)
+            self._offsets = offsets.tolist()
             self._chars = table.column(1).to_numpy().tolist()
         self._unit = u
         return n
@@ -287,7 +286,7 @@ def _attach_one(plan: SourcePlan, spec: str, encoder: Encoder, strict: bool) -> 
         warnings.warn(f"source {plan.name!r}: {what}; they are tokenized on the fly (counted in "
                       f"loader.stats()['sources'][{plan.name!r}]['tokenized'])", stacklevel=4)
     values = {f.name: getattr(plan, f.name) for f in fields(SourcePlan)}
-    return CachedPlan(**values, cache=UnitCache(fs, where, paths, sizes, file_of, group_of))
+    return CachedPlan(**values, cache=UnitCache(fs, where, paths, sizes, file_of, group_of, want[K_DTYPE]))
 
 
 def attach_cache(plans: List[SourcePlan], cache: CacheSpec, encoder: Encoder, *,

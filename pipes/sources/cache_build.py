@@ -39,9 +39,9 @@ import pyarrow.parquet as pq
 from ..loader.worker_threads import single_thread_tokenizers
 from ..tokenizer import Encoder, load_encoder
 from .cache_format import (FORMAT, K_CACHE, K_CACHE_BYTES, K_DOCUMENTS, K_FILES, K_FORMAT, K_SOURCE,
-                           K_TOKENS, K_VERSION, VERSION, UnitTexts, cache_files, dtype_for, file_entry, file_units,
-                           header, header_conflict, matches, merged_files, open_root, part_name, read_parts, schema,
-                           source_dir, write_atomic)
+                           K_TOKENS, K_VERSION, VERSION, WRITER_OPTIONS, UnitTexts, cache_files, dtype_for, file_entry,
+                           file_units, header, header_conflict, ids_array, matches, merged_files, open_root, part_name,
+                           read_parts, schema, source_dir, write_atomic)
 from .files import SourceSpec
 from .readers import SourcePlan, named_sources, plan_source
 
@@ -105,18 +105,16 @@ def _encode_unit(task: Tuple[int, int]) -> Tuple[int, int, np.ndarray, np.ndarra
                          "the tokenizer reports fewer ids than it produces")
     offsets = np.zeros(len(texts) + 1, np.int64)
     np.cumsum(lengths, out=offsets[1:])
-    if offsets[-1] >= 1 << 31:
+    if offsets[-1] * dtype.itemsize >= 1 << 31:
         raise ValueError(f"unit {u} of source {_WORK['plans'][si].name!r} holds {int(offsets[-1]):,} tokens, more "
-                         "than one cache row group takes (2**31); write the source with smaller row groups")
+                         "than one cache row group takes (2 GiB of ids); write the source with smaller row groups")
     chars = np.fromiter((len(t) if t is not None else 0 for t in texts), np.uint32, len(texts))
-    return si, u, values.astype(dtype), offsets.astype(np.int32), None if valid.all() else valid, chars
+    return si, u, values.astype(dtype), offsets, None if valid.all() else valid, chars
 
 
 def _unit_table(values: np.ndarray, offsets: np.ndarray, valid: Optional[np.ndarray], chars: np.ndarray,
-                sch: pa.Schema) -> pa.Table:
-    mask = None if valid is None else pa.array(~valid)
-    ids = pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(values), mask=mask)
-    return pa.Table.from_arrays([ids, pa.array(chars, pa.uint32())], schema=sch)
+                sch: pa.Schema, dtype: str) -> pa.Table:
+    return pa.Table.from_arrays([ids_array(values, offsets, valid, dtype), pa.array(chars, pa.uint32())], schema=sch)
 
 
 # --- the parent: plan, write, record ----------------------------------------------------
@@ -182,9 +180,9 @@ class _FileWriter:
         src.fs.create_dir(os.path.dirname(self.final), recursive=True)
         f = src.plan.units.files[i]
         meta = {"tokenloom.cache": json.dumps({K_SOURCE: src.plan.name, "file": f.name, **src.header})}
-        self.schema = schema(src.dtype, meta)
+        self.schema = schema(meta)
         self.stream = src.fs.open_output_stream(self.tmp)
-        self.writer = pq.ParquetWriter(self.stream, self.schema, compression="zstd")
+        self.writer = pq.ParquetWriter(self.stream, self.schema, **WRITER_OPTIONS)
         self.written = 0
         self.documents = 0
         self.tokens = 0
@@ -192,7 +190,8 @@ class _FileWriter:
     def add(self, values: np.ndarray, offsets: np.ndarray, valid: Optional[np.ndarray], chars: np.ndarray) -> bool:
         """Write the next unit; True when it was the file's last."""
         n = len(chars)
-        self.writer.write_table(_unit_table(values, offsets, valid, chars, self.schema), row_group_size=max(n, 1))
+        self.writer.write_table(_unit_table(values, offsets, valid, chars, self.schema, self.src.dtype),
+                                row_group_size=max(n, 1))
         self.written += 1
         self.documents += n if valid is None else int(valid.sum())
         self.tokens += len(values)
