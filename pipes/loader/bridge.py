@@ -40,6 +40,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from ..base import StateError
+from .direct_queue import direct_context
 from .elastic import CARRY, OldShard, apply_carry, plan_shards, trimmed, worker_trees
 from ..sources.fingerprint import check_sources
 from .wire import WireBatch, unwrap
@@ -292,6 +293,8 @@ class TokenLoomLoader(StatefulDataLoader):
         dataset = NodeDataset(factory, rank=rank, world_size=world_size, num_workers=num_workers)
         if num_workers > 0:
             loader_kwargs["worker_init_fn"] = WorkerInit(loader_kwargs.get("worker_init_fn"))
+            # Same start method; its queues write a batch's small message without a feeder thread.
+            loader_kwargs["multiprocessing_context"] = direct_context(loader_kwargs.get("multiprocessing_context"))
         with warnings.catch_warnings():
             # torchdata 0.11 calls a torch API that newer torch deprecates; not the user's concern.
             warnings.filterwarnings("ignore", message=".*set_vital.*")
