@@ -32,8 +32,8 @@ from tokenloom.cli import main
 from tokenloom.pipes import load_encoder
 from tokenloom.pipes.loader import decode_state
 from tokenloom.pipes.sources.cache import build_cache
-from tokenloom.pipes.sources.cache_format import (TOKENS_DIR, WRITER_OPTIONS, UnitTexts, dtype_for, file_units, ids_array,
-                                                  read_ids)
+from tokenloom.pipes.sources.cache_format import (TOKENS_DIR, WRITER_OPTIONS, UnitTexts, dtype_for, file_units,
+                                                  ids_array, read_ids)
 from tokenloom.pipes.sources.readers import plan_source
 from tokenloom.recipes import pretrain
 from tokenloom.sample_data import train_tokenizer
@@ -172,7 +172,8 @@ def test_cache_of_another_tokenizer_is_refused_naming_it(sources, cache_dir, tmp
 def test_cache_of_an_older_format_is_refused_saying_rebuild(sources, cache_dir, tok_path, tmp_path):
     old = str(tmp_path / "old")
     shutil.copytree(cache_dir, old)
-    part = next(os.path.join(old, "code", p) for p in os.listdir(os.path.join(old, "code")) if p.startswith("manifest-"))
+    folder = os.path.join(old, "code")
+    part = next(os.path.join(folder, p) for p in os.listdir(folder) if p.startswith("manifest-"))
     doc = json.load(open(part))
     doc["version"] = 1  # ids as list<uint16>, before they were stored as bytes
     json.dump(doc, open(part, "w"))

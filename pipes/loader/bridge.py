@@ -725,8 +725,9 @@ def _identity(x):
 def _raise_portable(e: Exception) -> None:
     """Re-raise ``e``; in a worker, as a `RuntimeError` with its type and message when its
     class cannot be pickled. The DataLoader sends an error's class to the main process by
-    reference; one defined inside a function fails to pickle in the queue's feeder thread,
-    and the training loop would wait forever for a batch that never comes."""
+    reference; one defined inside a function fails to pickle, and the training loop would
+    see a dead worker instead of the error (or, where the message goes through a queue's
+    feeder thread, wait forever for a batch that never comes)."""
     if get_worker_info() is not None:
         try:
             pickle.dumps(type(e))
