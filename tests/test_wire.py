@@ -227,3 +227,19 @@ def test_flat_snapshots_only_where_torchdata_is_as_expected(corpus, tok_path, mo
     next(it)
     assert type(loader._iterator._snapshot["_worker_snapshots"]) is dict  # torchdata's own, nested
     assert loader.state_dict()
+
+
+def test_a_workers_graph_state_reaches_torchdata_as_one_leaf(corpus, tok_path):
+    """torchdata diffs each worker's flattened state at every step; the graph's state is one leaf
+    (snapshot.WholeState), and the saved state holds it as the plain nested dict."""
+    from tokenloom.pipes.loader.bridge import decode_state
+    from tokenloom.pipes.loader.snapshot import WholeState
+
+    loader = pretrain(corpus[0], tokenizer=tok_path, seq_len=63, batch_size=2, buffer_size=16, seed=1, num_workers=2)
+    it = iter(loader)
+    for _ in range(5):
+        next(it)
+    for w in loader._iterator._snapshot["_worker_snapshots"].values():  # the iterator's state (an IterableDataset)
+        assert set(w.iterator) == {("round",), ("node",)} and isinstance(w.iterator[("node",)], WholeState)
+    workers = decode_state(loader.state_dict())["loader"]["_snapshot"]["_worker_snapshots"]
+    assert all(isinstance(w["fetcher_state"]["dataset_iter_state"]["node"], dict) for w in workers.values())

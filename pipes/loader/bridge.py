@@ -44,7 +44,7 @@ from .direct_queue import direct_context
 from .elastic import CARRY, OldShard, apply_carry, plan_shards, trimmed, worker_trees
 from ..sources.fingerprint import check_sources
 from .wire import WireBatch, unwrap
-from .snapshot import keep_snapshots_flat, nested_snapshot
+from .snapshot import WholeState, keep_snapshots_flat, nested_snapshot, plain
 from .wire_ring import BatchRing, make_rings, uses_fork
 from .worker_memory import settle_worker_malloc
 from .worker_threads import single_thread_tokenizers
@@ -191,13 +191,15 @@ class NodeDataset(IterableDataset):
     def state_dict(self) -> Dict[str, Any]:
         # A graph that failed to build has no position (its error comes with the first batch).
         node = None if self._failed is not None else self._root.state_dict()
+        if get_worker_info() is not None:
+            node = WholeState(node)  # one leaf for torchdata's per-step delta (snapshot.py)
         return {self.ROUND: self._active_round, self.NODE: node}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         if not isinstance(state, Mapping) or set(state) != {self.ROUND, self.NODE}:
             raise StateError(f"worker state has keys {sorted(state) if isinstance(state, Mapping) else state!r}, "
                              f"expected {[self.ROUND, self.NODE]}; was it saved by a tokenloom loader?")
-        self._start(int(state[self.ROUND]), state[self.NODE])
+        self._start(int(state[self.ROUND]), plain(state[self.NODE]))
 
 
 #: What to tell the user when a setting differs from the one the state was saved with.

@@ -14,6 +14,13 @@ replaces them) and `nested_snapshot` builds the same nested dicts when the loade
 `_IncrementalWorkerState` fields): torchdata is pinned to 0.11, the module checks
 at import that they are as expected (else torchdata's own rebuild stays), and
 tests/test_wire.py compares the states it gives with torchdata's own at every step.
+
+A worker also hands torchdata its graph's state as one leaf (`WholeState`), not a nested
+dict: torchdata flattens every worker state into ``{key path: leaf}`` and compares it with
+the previous one at every step, in the worker, to send only what changed. For a two-source
+pretrain graph (41 leaves) that was ~30 us a batch, 3% of a worker's batch from the token
+cache, to drop the few leaves that did not move. Whole, it is one dict comparison, and a
+message ~300 bytes longer. `nested_snapshot` gives the plain dicts back.
 """
 
 from __future__ import annotations
@@ -33,6 +40,35 @@ from torchdata.stateful_dataloader.incremental_state import (
     _unflatten,
 )
 from torchdata.stateful_dataloader.stateful_dataloader import _StatefulMultiProcessingDataLoaderIter
+
+
+class WholeState:
+    """A worker graph's state as one leaf of torchdata's incremental delta (see the module
+    docstring). Equal when the states are equal, so an unchanged state is not sent again."""
+
+    __slots__ = ("state",)
+
+    def __init__(self, state: Any):
+        self.state = state
+
+    def __eq__(self, other: Any) -> bool:
+        return isinstance(other, WholeState) and self.state == other.state
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __reduce__(self):
+        return WholeState, (self.state,)
+
+
+def plain(obj: Any) -> Any:
+    """``obj`` with every `WholeState` in its dicts and lists replaced by the state it holds."""
+    if isinstance(obj, WholeState):
+        return obj.state
+    if isinstance(obj, dict):
+        return {k: plain(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [plain(v) for v in obj]
+    return obj
 
 
 class _FlatWorker(NamedTuple):
@@ -98,13 +134,12 @@ def keep_snapshots_flat(it: Any) -> Any:
 
 def nested_snapshot(inner: Dict[str, Any]) -> Dict[str, Any]:
     """``inner`` (a StatefulDataLoader state) with its worker snapshots nested, as torchdata
-    builds them; a copy when anything was flat, else ``inner`` itself."""
+    builds them, and the workers' graph states plain dicts (a copy)."""
     snap = inner.get(_StatefulMultiProcessingDataLoaderIter._SNAPSHOT)
     key = _StatefulMultiProcessingDataLoaderIter._WORKER_SNAPSHOTS
     workers = snap.get(key) if isinstance(snap, dict) else None
-    if not isinstance(workers, _FlatWorkers):
-        return inner
-    out = dict(inner)
-    out[_StatefulMultiProcessingDataLoaderIter._SNAPSHOT] = dict(snap, **{key: {k: w.nested() for k, w in
-                                                                                workers.items()}})
-    return out
+    if isinstance(workers, _FlatWorkers):
+        inner = dict(inner)
+        inner[_StatefulMultiProcessingDataLoaderIter._SNAPSHOT] = dict(snap, **{key: {k: w.nested() for k, w in
+                                                                                      workers.items()}})
+    return plain(inner)
