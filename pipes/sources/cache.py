@@ -20,11 +20,11 @@ is read from its text and tokenized by the same reader the cache was built with:
 counted per source in ``loader.stats()["sources"][name]["tokenized"]`` (documents
 encoded from text), or refused up front with ``cache_strict=True``.
 
-Cost: a unit is one parquet row group read (zstd, 1.1-1.4 bytes a token measured) and
-per document a slice of one numpy array, ~3 us with `Tokenize` adding BOS, instead of
-decoding and encoding its text. A B=8, T=2048 batch of the stdlib corpus then costs 0.9 ms
-of CPU in one process against 5.6 ms encoding on tiktoken, 13 ms on tokenizers
-(benchmarks/cache.py).
+Cost: a unit is one parquet row group read (zstd, 0.9-1.0 bytes a token measured, ~2 ns a
+token to read) and per document a slice of one numpy array, ~3 us with `Tokenize` adding
+BOS, instead of decoding and encoding its text. A B=8, T=2048 batch of the stdlib corpus
+then costs 0.7 ms of CPU in one process against 5.6 ms encoding on tiktoken, 14 ms on
+tokenizers (benchmarks/cache.py).
 """
 
 from __future__ import annotations
