@@ -30,9 +30,10 @@ import multiprocessing.queues as mpq
 import pickle
 import queue
 import struct
+import sys
 import threading
 from multiprocessing.reduction import ForkingPickler
-from typing import Any, Optional
+from typing import Any, Dict, Optional
 
 try:
     import fcntl
@@ -126,20 +127,20 @@ class _DirectQueues:
         return DirectQueue(maxsize, ctx=self.get_context())
 
 
-class DirectForkContext(_DirectQueues, mpc.ForkContext):
-    pass
-
-
-class DirectForkServerContext(_DirectQueues, mpc.ForkServerContext):
-    pass
-
-
 class DirectSpawnContext(_DirectQueues, mpc.SpawnContext):
     pass
 
 
-_DIRECT = {mpc.ForkContext: DirectForkContext, mpc.ForkServerContext: DirectForkServerContext,
-           mpc.SpawnContext: DirectSpawnContext}
+_DIRECT: Dict[type, type] = {mpc.SpawnContext: DirectSpawnContext}
+
+if sys.platform != "win32":  # multiprocessing has no fork contexts there
+    class DirectForkContext(_DirectQueues, mpc.ForkContext):
+        pass
+
+    class DirectForkServerContext(_DirectQueues, mpc.ForkServerContext):
+        pass
+
+    _DIRECT.update({mpc.ForkContext: DirectForkContext, mpc.ForkServerContext: DirectForkServerContext})
 
 
 def direct_context(context: Any) -> Any:
