@@ -36,9 +36,9 @@ the lower of the two (they differ by the best-fit buffer's swing, ~0.5M tokens).
 - checkpointability: the pretrain loader as built (a snapshot at every step,
   kept flat until asked for; batches through the shared-memory ring) vs the
   same loader taking none (``snapshot_every_n_steps`` beyond the run), 2
-  workers, in 5 back-to-back pairs of 600-batch runs: the median of the pairs'
-  ratios of wall time and of CPU time (main + workers), and the training
-  process's CPU per batch; plus the snapshot work itself, measured in one
+  workers, in 9 back-to-back pairs of 600-batch runs (one pair swings by
+  +-10% here): the median of the pairs' ratios of wall time and of CPU time
+  (main + workers), and the training process's CPU per batch; plus the snapshot work itself, measured in one
   process. (Until 2026-11-23 the pair was the bare ``NodeDataset`` under
   ``StatefulDataLoader`` vs a plain ``DataLoader``: neither had the ring, and
   the stateful one rebuilt every worker's state at every step.)
@@ -57,7 +57,7 @@ Targets (issue 6): pretrain >= 0.9x the ceiling with as many workers as cores;
 checkpoint cost <= 3%; state <= 16 KB per worker at buffer 1000; resume <= 1.5x
 a cold start; flat worker memory (here: <= 5% growth from 20% of the run to the end).
 
-    python benchmarks/throughput.py              # ~5 minutes on 2 cores
+    python benchmarks/throughput.py              # ~6 minutes on 2 cores
     python benchmarks/throughput.py --quick      # ~4 minutes: 2 rounds, 300-batch windows, 2,000 RSS batches
     python benchmarks/throughput.py --profile    # also: cProfile over 150 batches with 0 workers
 Prints JSON; writes benchmarks/throughput.json, benchmarks/throughput.png and
@@ -271,14 +271,19 @@ def task_snapshot_work() -> dict:
 
     from torchdata.stateful_dataloader import incremental_state as inc  # private: a benchmark's look inside
 
+    from tokenloom.pipes.loader.bridge import NodeDataset
+    from tokenloom.pipes.loader.snapshot import WholeState
+
     loader = build(corpus_files(), num_workers=0)
     it = iter(loader)
     for _ in range(20):
         next(it)
 
     def worker_state():  # the layout torchdata's worker builds for an iterable dataset
+        ds = loader.dataset.state_dict()
+        ds[NodeDataset.NODE] = WholeState(ds[NodeDataset.NODE])  # as a worker hands it over (one leaf)
         return {inc._WORKER_ID: 0, inc._DATASET_STATE: None,
-                inc._FETCHER_STATE: {inc._DATASET_ITER_STATE: loader.dataset.state_dict(), inc._FETCHER_ENDED: False}}
+                inc._FETCHER_STATE: {inc._DATASET_ITER_STATE: ds, inc._FETCHER_ENDED: False}}
 
     deltas = inc._IncrementalWorkerState(worker_state())
     n, t_batch, t_state, size = 60, 0.0, 0.0, 0
@@ -797,7 +802,7 @@ def main(argv=None) -> int:
     args.repeats = args.repeats or (2 if args.quick else 3)
     args.rss_batches = 2000 if args.quick else 10000
     args.window = 300 if args.quick else 1000
-    args.ckpt_pairs = 2 if args.quick else 5
+    args.ckpt_pairs = 2 if args.quick else 9
     args.ckpt_window = 200 if args.quick else 600
     args.resume_repeats = 3
 
