@@ -45,9 +45,9 @@ from ..shard import ShardUnits, WorkSlice
 from ..tokenize import Pretokenized
 from ..tokenizer import Encoder
 from .cache_build import build_cache  # noqa: F401  (the Python entry of `tokenloom tokenize`)
-from .cache_format import (K_CACHE, K_CACHE_BYTES, K_DTYPE, K_KEY, K_SIZE, K_TOKENIZER, K_UNITS, UnitTexts, cache_files,
-                           dtype_for, file_entry, file_units, header, header_conflict, matches, merged_files, open_root,
-                           read_ids, read_parts, source_dir)
+from .cache_format import (K_CACHE, K_CACHE_BYTES, K_DTYPE, K_KEY, K_SIZE, K_TOKENIZER, K_UNITS, UnitTexts,
+                           cache_files, dtype_for, file_entry, file_units, header, header_conflict, matches, merged_files,
+                           open_root, read_ids, read_parts, source_dir)
 from .files import OpenFiles
 from .readers import SourcePlan
 from .text_files import CursorReader, SkipCount, UnitCursor
