@@ -182,6 +182,37 @@ def test_cache_of_an_older_format_is_refused_saying_rebuild(sources, cache_dir, 
         pretrain(sources, tokenizer=tok_path, cache=old, **ARGS)
 
 
+def test_a_cache_file_whose_ids_are_not_bytes_is_refused_naming_it(sources, cache_dir, tok_path, tmp_path):
+    """A cache file rewritten with ids as list<uint16> (the manifest updated to its size) fails at its first
+    read, naming the file and row group, instead of being read as bytes."""
+    bad = str(tmp_path / "bad")
+    shutil.copytree(cache_dir, bad)
+    folder = os.path.join(bad, "code")
+    part = next(os.path.join(folder, p) for p in os.listdir(folder) if p.startswith("manifest-"))
+    doc = json.load(open(part))
+    for entry in doc["files"].values():
+        path = os.path.join(folder, entry["cache"])
+        pf = pq.ParquetFile(path)
+        groups = [pf.read_row_group(g) for g in range(pf.metadata.num_row_groups)]
+        with pq.ParquetWriter(path + ".new", pa.schema([("ids", pa.list_(pa.uint16())), ("chars", pa.uint32())])) as w:
+            for t in groups:
+                values, offsets, _ = read_ids(t.column("ids"), "uint16")
+                ids = pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(values))
+                w.write_table(pa.table({"ids": ids, "chars": t.column("chars")}), row_group_size=t.num_rows)
+        os.replace(path + ".new", path)
+        entry["cache_bytes"] = os.path.getsize(path)
+    json.dump(doc, open(part, "w"))
+    loader = pretrain(sources, tokenizer=tok_path, cache=bad, **ARGS)
+    with pytest.raises(RuntimeError, match=r"cannot read cache file .*/code/tokens/\w+\.parquet, row group \d+ .*"
+                                           r"'ids' column is list<\w+: uint16>, not binary"):
+        _take(loader, 50)
+
+
+def test_ids_of_a_part_of_a_token_are_refused():
+    with pytest.raises(ValueError, match="not a whole number of uint16 ids"):
+        read_ids(pa.array([b"\x01\x00", b"\x01\x00\x02"], pa.binary()), "uint16")
+
+
 @pytest.mark.parametrize("dtype", ["uint16", "uint32"])
 @settings(max_examples=60, deadline=None)
 @given(data=st.data())

@@ -150,6 +150,7 @@ class ReadCached(CursorReader, SkipCount, Node[Doc]):
             try:
                 # use_threads=False: the loader workers are the parallelism
                 table = self._open.get(k, self._parquet).read_row_group(g, use_threads=False)
+                self._values, offsets, self._valid = read_ids(table.column(0), self.cache.dtype)
             except RuntimeError:
                 raise
             except Exception as e:
@@ -158,7 +159,6 @@ class ReadCached(CursorReader, SkipCount, Node[Doc]):
             if table.num_rows != n:
                 raise RuntimeError(f"cache file {path}, row group {g} has {table.num_rows} rows, unit {u} "
                                    f"({self.units.where(u)}) has {n}: the cache is not of these files; rebuild it")
-            self._values, offsets, self._valid = read_ids(table.column(0), self.cache.dtype)
             self._offsets = offsets.tolist()
             self._chars = table.column(1).to_numpy().tolist()
         self._unit = u

@@ -118,7 +118,11 @@ def read_ids(column: Any, dtype: str) -> Tuple[np.ndarray, np.ndarray, Optional[
     when no row is null. ``values`` views the column's memory (no copy)."""
     ids = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
     item = np.dtype(dtype).newbyteorder("<")
+    if ids.type != pa.binary():
+        raise ValueError(f"its {IDS!r} column is {ids.type}, not binary: not a {FORMAT} file of version {VERSION}")
     byte_offsets = np.frombuffer(ids.buffers()[1], np.int32, len(ids) + 1, ids.offset * 4)
+    if (byte_offsets % item.itemsize).any():
+        raise ValueError(f"a row of its {IDS!r} column is not a whole number of {dtype} ids")
     start = int(byte_offsets[0])
     data = ids.buffers()[2]
     values = np.frombuffer(data, item, (int(byte_offsets[-1]) - start) // item.itemsize, start) if data is not None \
