@@ -44,7 +44,7 @@ from .direct_queue import direct_context
 from .elastic import CARRY, OldShard, apply_carry, plan_shards, trimmed, worker_trees
 from ..sources.fingerprint import check_sources
 from .wire import WireBatch, unwrap
-from .snapshot import WholeState, keep_snapshots_flat, nested_snapshot, plain
+from .snapshot import WholeState, keep_snapshots_flat, nested_snapshot
 from .wire_ring import BatchRing, make_rings, uses_fork
 from .worker_memory import settle_worker_malloc
 from .worker_threads import single_thread_tokenizers
@@ -199,7 +199,7 @@ class NodeDataset(IterableDataset):
         if not isinstance(state, Mapping) or set(state) != {self.ROUND, self.NODE}:
             raise StateError(f"worker state has keys {sorted(state) if isinstance(state, Mapping) else state!r}, "
                              f"expected {[self.ROUND, self.NODE]}; was it saved by a tokenloom loader?")
-        self._start(int(state[self.ROUND]), plain(state[self.NODE]))
+        self._start(int(state[self.ROUND]), state[self.NODE])
 
 
 #: What to tell the user when a setting differs from the one the state was saved with.
