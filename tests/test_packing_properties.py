@@ -71,8 +71,15 @@ def test_packers_lose_nothing_and_keep_order(lengths, seq_len, buffer_size, mode
         segs, filled = segments(row)
         assert (row.tokens[filled:] == PAD).all(), "padding only after the segments"
         assert (row.seg_lens > 0).all()
-        if mode in ("flat", "crop") and r < len(rows) - 1:
-            assert filled == C, f"{mode} pads only the last row"
+        if mode == "crop" and r < len(rows) - 1:
+            assert filled == C, "crop pads only the last row"
+        if mode == "flat" and r < len(rows) - 1:
+            # flat pads, before the last row, only the label slot after a row that ends a document
+            assert filled == C or (filled == C - 1 and where[int(row.tokens[C - 2])][1] == lengths[where[int(row.tokens[C - 2])][0]] - 1), \
+                f"flat row {r} pads {C - filled} tokens"
+        if mode != "crop":
+            seg_starts = np.cumsum(row.seg_lens) - row.seg_lens
+            assert (seg_starts != C - 1).all(), "a segment starts in the label slot (the row's last token)"
         for seg in segs:
             d, o = where[int(seg[0])]
             assert [where[int(t)] for t in seg] == [(d, o + i) for i in range(len(seg))], "a segment is a run of one document"

@@ -249,6 +249,10 @@ static PyObject *py_build_row(PyObject *self, PyObject *args) {
             if (ix.len[c] - ix.used[c] >= 2 * C) { s = c; take = C; break; }
     }
     for (;;) {
+        /* The label slot: a row's last token is only the target of the input before it, so a
+         * segment starting there would hold a token that is neither an input nor, after a whole
+         * document, a target (the end label replaces it). bestfit leaves it as padding. */
+        if (s < 0 && mode == MODE_BESTFIT && C - pos == 1) break;
         if (s < 0 && f < nforced) {
             /* Overdue documents, oldest first, while they fit. */
             int c = forced[f];

@@ -84,6 +84,8 @@ def build_row(docs: List[np.ndarray], masks: Optional[list], seq, ln, used, head
                 break
             c = int(nxt[c])
     while True:
+        if s < 0 and mode == MODE_BESTFIT and C - pos == 1:
+            break  # the label slot stays padding (see _packcore.c)
         if s < 0 and f < nforced:
             c = int(forced[f])
             if int(seq[c]) >= 0 and _next_len(ln, used, c, C) <= C - pos:

@@ -56,6 +56,12 @@ class FlatPack(Node[Row]):
         pos = 0
         while pos < C:
             if self._doc is None:
+                if pos == C - 1:
+                    # The label slot: a row's last token is only the target of the input before
+                    # it, and after a whole document the end label replaces it, so a piece
+                    # starting there would be neither input nor target. It stays padding and
+                    # the next document starts the next row.
+                    break
                 self._doc_state = self.parent.state_dict()
                 try:
                     self._doc = next(self.parent)
