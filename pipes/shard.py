@@ -177,6 +177,7 @@ class ShardUnits(Node[WorkSlice]):
         self.prefix_offset = int(prefix_offset)
         self._end = self.prefix_offset + len(self.prefix)
         self.start_epoch = first_epoch if resume_epoch is None else int(resume_epoch)
+        self.resumed = resume_epoch is not None
         self._epoch = self.start_epoch
         self._index = 0
         self._pre = 0
@@ -219,6 +220,13 @@ class ShardUnits(Node[WorkSlice]):
         if self._pre < self._end:
             return self.prefix[self._pre - self.prefix_offset].epoch
         return self._epoch
+
+    def handed_over_through(self) -> int:
+        """The last epoch an elastic resume's plan handed over (its prefix stands for what the
+        old shards had left of epochs up to it; planning resumes after it), or -1 without a plan.
+        A later elastic resume must carry those epochs on even when none of their rows is left
+        in this shard: its next slice may still be of an earlier epoch."""
+        return self.start_epoch - 1 if self.resumed else -1
 
     def next(self) -> WorkSlice:
         if self._pre < self._end:

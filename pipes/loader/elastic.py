@@ -12,7 +12,8 @@ had left is computable from its states alone:
    the flat packer's current document, and those a tokenizer had read but not
    handed on.
 2. Per source, the epochs still open are those from the earliest any old shard is
-   reading to the latest (``E_lo .. E_hi``). What is left of them is the documents
+   reading to the latest, or to the last one an earlier elastic resume handed over
+   (``E_lo .. E_hi``). What is left of them is the documents
    in flight plus every row not yet read (the rest of each reader's slice and the
    slices its sharder has not emitted, `ShardUnits.unread`).
 3. Split that over the new shards: documents in flight in turn (sorted by unit, so
@@ -138,6 +139,10 @@ class OldShard:
         """The epoch of the next row this shard would read of ``source``."""
         return self.readers[source].next_epoch()
 
+    def handed_over_through(self, source: str) -> int:
+        """The last epoch a previous elastic resume handed to this shard (-1: none)."""
+        return self.readers[source].handed_over_through()
+
 
 def counters_of(nodes: Sequence[Any]) -> Dict[str, Any]:
     """The counters a new shard continues: mixer, packer, batcher, readers, chat renderers."""
@@ -198,7 +203,10 @@ def plan_shards(old: List[OldShard], names: Sequence[str], *, new_shards: range,
     for name in names:
         reading = [o.reading_epoch(name) for o in old]
         pend = [p for o in old for p in o.pending if p.source == name]
-        top = max(reading + [p.epoch for p in pend])
+        # An old shard that came from an elastic resume itself may still be reading the earliest
+        # epoch of its handed-over work while later ones wait in its plan: they stay open too, or
+        # they would be planned afresh and what the first topology delivered of them come again.
+        top = max(reading + [p.epoch for p in pend] + [o.handed_over_through(name) for o in old])
         if last_epoch is not None:
             top = min(top, last_epoch)
         low = min(reading + [p.epoch for p in pend])

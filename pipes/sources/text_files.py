@@ -374,6 +374,10 @@ class UnitCursor:
             return unread_after(self.parent, None, self._skip_to, upto_epoch)
         return unread_after(self.parent, self._slice, self._pos, upto_epoch)
 
+    def handed_over_through(self) -> int:
+        """See `ShardUnits.handed_over_through`."""
+        return self.parent.handed_over_through()
+
     def next_epoch(self) -> int:
         """The epoch of the next row this cursor would hand out."""
         if self._slice is not None and self._pos < len(self._rows):
@@ -405,6 +409,9 @@ class CursorReader:
 
     def next_epoch(self) -> int:
         return self._cursor.next_epoch()
+
+    def handed_over_through(self) -> int:
+        return self._cursor.handed_over_through()
 
 
 class SkipCount:
