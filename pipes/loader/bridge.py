@@ -53,7 +53,8 @@ from .worker_threads import single_thread_tokenizers
 #: 2: per-source skipped counts in the statistics; best-fit max_wait = buffer_size.
 #: 3: the round's phase (data / padding / over) is saved.
 #: 4: the best-fit buffer ramps up and is bounded in tokens (buffer_tokens); crop starts rows with long documents.
-STATE_VERSION = 4
+#: 5: no segment starts in a row's label slot (flat, bestfit); the run's history (lineage) is saved.
+STATE_VERSION = 5
 STATE_FORMAT = "tokenloom.loader"
 
 #: Batches may carry their worker's cumulative statistics under this key; the loader
@@ -267,6 +268,7 @@ class TokenLoomLoader(StatefulDataLoader):
     PHASE = "phase"
     ELASTIC = "elastic"
     ROUND_PADDING = "round_padding"
+    LINEAGE = "lineage"
     #: Where the current round stands: this rank still has data; this rank's data ended and
     #: it yields padding batches until every rank's has (rank_sync); the round has ended.
     DATA, PADDING, OVER = "data", "padding", "over"
@@ -324,6 +326,9 @@ class TokenLoomLoader(StatefulDataLoader):
         self.rank_sync, self.padding_batch = rank_sync, padding_batch
         self._padding_batches = 0
         self._round_padding = 0  # padding batches of this round: the loop's step is _steps + this
+        # The run's history: "" from the start; an elastic resume or a change of weights derives a
+        # new one from what it continued, so states of different histories are not stitched together.
+        self._lineage = ""
 
     # --- iteration ---------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
@@ -418,6 +423,7 @@ class TokenLoomLoader(StatefulDataLoader):
                 self.STEPS: self._steps,
                 self.EARLIER: list(self._earlier_rounds),
                 self.PHASE: self._phase,
+                self.LINEAGE: self._lineage,
             },
             self.LOADER: self._inner_state(),
         }
@@ -472,6 +478,10 @@ class TokenLoomLoader(StatefulDataLoader):
         if phase not in (self.DATA, self.PADDING, self.OVER):
             raise ValueError(f"loader state has {phase=}; expected one of {[self.DATA, self.PADDING, self.OVER]}")
         self._resume_padding, self._padding_inner = False, None
+        self._lineage = str(meta[self.LINEAGE])
+        if allow_weight_change and meta[self.CONFIG].get("weights") != self.config.get("weights"):
+            self._lineage = lineage_of(self._lineage, "weights", self.config.get("weights"), meta[self.ROUND],
+                                       meta[self.STEPS])
         self.dataset.elastic = meta[self.ELASTIC]
         if phase == self.OVER:
             # Saved after a round ran to its end: resume with the next round (meta-pytorch/data#1437).
@@ -513,6 +523,13 @@ class TokenLoomLoader(StatefulDataLoader):
                 raise ValueError(f"the states come from different runs: rank {c['rank']} was saved with world_size="
                                  f"{c['world_size']}, num_workers={c['num_workers']}, rank {first['rank']} with "
                                  f"world_size={old_world}, num_workers={old_workers}")
+        histories: Dict[str, List[int]] = {}
+        for m in metas:
+            histories.setdefault(str(m[self.LINEAGE]), []).append(int(m[self.CONFIG]["rank"]))
+        if len(histories) > 1:
+            seen = "; ".join(f"rank(s) {sorted(r)} carry history {h or 'from the start'!r}" for h, r in histories.items())
+            raise ValueError(f"the states come from different runs: {seen}. An elastic resume or a change of weights "
+                             "starts a new history; pass the states every rank of one run saved at the same step")
         missing = sorted(set(range(old_world)) - set(ranks))
         if missing:
             raise ValueError(f"the states of rank(s) {missing} are missing: the old run had world_size={old_world}; "
@@ -532,6 +549,9 @@ class TokenLoomLoader(StatefulDataLoader):
             own = next(d for d in decoded if int(d[self.META][self.CONFIG]["rank"]) == rank)
             return self.load_state_dict(own, allow_weight_change=allow_weight_change)
         self._generation += 1
+        self._lineage = lineage_of(*[_digest(d[self.META], d[self.LOADER])
+                                     for d in sorted(decoded, key=lambda d: int(d[self.META][self.CONFIG]["rank"]))],
+                                   world, self.num_workers, self.config.get("weights"))
         workers = max(self.num_workers, 1)
         summed = [sum(int(m[self.EARLIER][i]) for m in metas) for i in range(len(self.stats_keys))]
         now = [0] * len(self.stats_keys)
@@ -587,6 +607,13 @@ class TokenLoomLoader(StatefulDataLoader):
 #: The key of a loader's entry in its state dict: ``tokenloom_rank_<data rank>``.
 KEY_PREFIX = "tokenloom_rank_"
 DIGEST = "digest"
+
+
+def lineage_of(*parts: Any) -> str:
+    """A run history's id, derived from what it continued (the states' digests, the new topology
+    or weights): every new rank loads the same list, so all derive the same id."""
+    text = json.dumps(parts, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
 def _digest(meta: Any, inner: Any) -> str:
