@@ -129,11 +129,15 @@ class OldShard:
         self.batch = next(n for n in nodes if _kind(n) == "batch")
         self.branches = [n for n in nodes if _kind(n) == "branch"]
         self.readers = {n.source: n for n in nodes if _kind(n) == "reader"}
-        # Counters first: taking what is in flight below moves the live nodes on.
-        self.counters = counters_of(nodes)
         self.pending: List[_Pending] = [_Pending(d, used, True) for d, used in self.packer.in_flight()]
         for branch in self.branches:
             self.pending += [_Pending(d, d.used, False) for d in branch.in_flight()]
+        # Counters after what is in flight: a restored packer stands at its replay window's start
+        # (`base`), and the nodes above it (mixer, readers, tokenizers) count as they were there;
+        # the replay brings them to the save point, where the buffered documents were counted.
+        # Taken before, the mixer's totals missed the window and then lost the buffered documents
+        # a second time (a source's carried tokens went negative: a division by zero at its next pick).
+        self.counters = counters_of(nodes)
 
     def reading_epoch(self, source: str) -> int:
         """The epoch of the next row this shard would read of ``source``."""
@@ -261,7 +265,10 @@ def _carry(old: List[OldShard], names: Sequence[str], shares: Sequence[float]) -
             "documents": [sum(x["documents"][i] for x in m) - again_docs[n] for n, i in idx.items()],
             "era_base": [sum(x["era_base"][i] for x in m) for i in range(len(names))],
             "passes": [min(x["passes"][i] for x in m) for i in range(len(names))],
-            "exhausted": [all(x["exhausted"][i] for x in m) for i in range(len(names))],
+            # Not carried: a new shard's prefix may still hold documents of a source every old shard
+            # had exhausted (read to its end, not yet delivered); its mixer finds the source exhausted
+            # again at the first document beyond the passes, which comes after the prefix.
+            "exhausted": [False] * len(names),
         }
     if "chat" in first:
         carry["chat"] = {n: {k: total(("chat", n, k)) for k in first["chat"][n]} for n in first["chat"]}
