@@ -184,15 +184,16 @@ class PackedStatsView:
             f = delivered / (sum(self.rows[n] for n in active) * epochs)
             if placed:
                 scale = per_row_read * delivered / placed  # tokens a row read holds over one delivered
-                todo = sum(self.rows[n] * epochs * (scale * tokens[n] / rows[n] if tokens[n] else per_row_read)
+                todo = sum(self.rows[n] * epochs * (scale * tokens[n] / rows[n] if tokens[n] and rows[n] else per_row_read)
                            for n in active)
-                done = (placed + cut) / todo
+                # 0 on a rank that took over only delivered counts in an elastic resume, before it read
+                done = (placed + cut) / todo if todo else 0.0
             else:
                 done = 0.0
         else:
             # Cycling: the slowest source ends the stream (all_exhausted), else the fastest.
             f = (min if self.stop == "all_exhausted" else max)(passes[n] for n in active) / epochs
-            done = f * (placed + cut) / (per_row_read * delivered) if placed else 0.0
+            done = f * (placed + cut) / (per_row_read * delivered) if placed and per_row_read * delivered else 0.0
         f, done = min(max(f, 0.0), 1.0), min(max(done, 0.0), 1.0)
         left = None if done <= 0 or steps <= 0 else round(steps * (1 - done) / done)
         return {"fraction": f, "batches_left": left}
