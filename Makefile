@@ -9,7 +9,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench clean
+.PHONY: demo test fuzz bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,11 @@ demo: $(STAMP)
 # Two test processes (or up to 4 on bigger machines): many tests also start loader workers.
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n auto --maxprocesses 4
+
+# The token-level oracle over random scenarios (tests/oracle_fuzz.py): MINUTES of them, or N from START.
+MINUTES ?= 30
+fuzz: $(STAMP)
+	$(BIN)/python -m tests.oracle_fuzz $(if $(N),--n $(N) --start $(or $(START),10000),--minutes $(MINUTES))
 
 clean:
 	rm -rf $(VENV) out .pytest_cache

@@ -1,0 +1,291 @@
+"""Random scenarios for the token-level oracle (tests/oracle.py): a run chained over 2-4
+topologies, checked at token level.
+
+A scenario is drawn from one seed: 1-3 sources of random kinds (parquet, jsonl, JSON
+array, .jsonl.gz, a saved HF dataset, a token cache), a packing mode, row length, batch
+and buffer sizes, epochs 1-3 or an endless stream, a mix strategy with its options
+(weights or a schedule switching near a save, ``weights_unit``, ``stop``, cycling),
+``eos=``, ``predict_bos``, and 2-4 hops of 1-4 simulated ranks x 0-3 workers, each saving
+after 0 steps, after some, at the round's last batch, or after the round (then the next
+hop runs the next round, checked on its own). Between hops a state goes through JSON or
+``torch.save``; a hop on the same topology may load its own dict or the list; the weights
+may change at a hop (``allow_weight_change``); persistent workers and a `DevicePrefetcher`
+(its own state) appear at random.
+
+    python -m tests.oracle_fuzz --seed 17            # one scenario, printed, then run
+    python -m tests.oracle_fuzz --minutes 30         # as many as fit (make fuzz MINUTES=30)
+    python -m tests.oracle_fuzz --n 200 --start 1000
+
+A failing seed prints the scenario and the command that reproduces it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
+
+from .oracle import BOS, IGNORE, KINDS, Oracle, make_corpus
+
+
+@dataclass
+class FuzzHop:
+    world: int
+    workers: int
+    save: Any  # int: steps; "last": the round's last batch; "end": after the round (the next hop: next round)
+    roundtrip: str = "torch"
+    as_dict: bool = True  # same topology: each rank loads its own dict (else the list)
+    weights: Optional[Dict[str, float]] = None  # a change of weights at this hop (allow_weight_change)
+    persistent: bool = False
+    prefetcher: bool = False
+
+    def __str__(self) -> str:
+        extra = "".join([" json" if self.roundtrip == "json" else "", "" if self.as_dict else " list",
+                         f" weights={self.weights}" if self.weights else "", " persistent" if self.persistent else "",
+                         " prefetcher" if self.prefetcher else ""])
+        return f"{self.world}x{self.workers} save={self.save}{extra}"
+
+
+@dataclass
+class Scenario:
+    seed: int
+    sources: Dict[str, Tuple[str, int]]
+    seq_len: int
+    batch_size: int
+    packing: str
+    buffer_size: int
+    epochs: Optional[int]
+    loader: Dict[str, Any]  # pretrain keyword arguments
+    hops: List[FuzzHop] = field(default_factory=list)
+
+    def complete(self) -> bool:
+        """Whether a round delivers every document exactly ``epochs`` times."""
+        return (self.epochs is not None and self.loader.get("stop") in (None, "all_exhausted")
+                and not self.loader.get("cycle_exhausted", True))
+
+    def __str__(self) -> str:
+        hops = " -> ".join(map(str, self.hops))
+        return (f"seed {self.seed}: sources {self.sources}, T={self.seq_len} B={self.batch_size} {self.packing} "
+                f"buffer {self.buffer_size} epochs={self.epochs} {self.loader}; hops {hops}")
+
+
+def draw(seed: int) -> Scenario:
+    rng = random.Random(seed)
+    n_src = rng.choice([1, 1, 2, 2, 3])
+    names = ["a", "b", "c"][:n_src]
+    kinds = [k for k in KINDS if k != "hf"] + ["hf"]  # hf last: the slowest to write
+    sources = {n: (rng.choice(kinds), rng.randint(30, 120)) for n in names}
+    T = rng.choice([16, 32, 64])
+    packing = rng.choice(["flat", "bestfit", "bestfit", "bestfit-crop"])
+    epochs = rng.choice([1, 1, 2, 3, None])
+    loader: Dict[str, Any] = {"predict_bos": rng.random() < 0.7}
+    if rng.random() < 0.25:
+        loader["eos"] = "<|eos|>"
+    if n_src > 1:
+        mix = rng.choice(["interleave", "interleave", "random", "round_robin", "alternating", "sequential"])
+        loader["mix"] = mix
+        loader["weights_unit"] = rng.choice(["tokens", "documents"])
+        w = {n: rng.choice([1, 2, 3]) for n in names}
+        if mix == "alternating":
+            loader["pattern"] = [rng.choice(names) for _ in range(rng.randint(2, 4))]
+            loader["pattern"] += [n for n in names if n not in loader["pattern"]]
+            loader["burst"] = rng.randint(1, 3)
+        elif mix not in ("sequential", "round_robin"):
+            if rng.random() < 0.3:
+                switch = rng.randint(1, 8)
+                loader["weights"] = [(0, w), (switch, {n: rng.choice([1, 2, 3]) for n in names})]
+            else:
+                loader["weights"] = w
+        if epochs is not None:
+            if mix == "sequential":
+                loader["stop"], loader["cycle_exhausted"] = rng.choice([("all_exhausted", False),
+                                                                        ("first_exhausted", True)])
+            else:
+                loader["stop"] = rng.choice(["all_exhausted", "all_exhausted", "first_exhausted"])
+                loader["cycle_exhausted"] = loader["stop"] == "first_exhausted" or rng.random() < 0.3
+        elif mix == "sequential":
+            loader["mix"] = "interleave"
+    elif epochs is not None:
+        loader["cycle_exhausted"] = False
+    hops = []
+    for h in range(rng.randint(2, 4)):
+        world = rng.choice([1, 1, 2, 3, 4])
+        workers = rng.choice([0, 0, 1, 2, 3]) if world <= 2 else rng.choice([0, 0, 1])
+        save: Any = rng.choice([0, rng.randint(1, 4), rng.randint(1, 12), "last", "end"])
+        hop = FuzzHop(world, workers, save, roundtrip=rng.choice(["torch", "json"]), as_dict=rng.random() < 0.7,
+                      persistent=workers > 0 and rng.random() < 0.3,
+                      prefetcher=world == 1 and rng.random() < 0.2)
+        if h and "weights" in loader and isinstance(loader["weights"], dict) and rng.random() < 0.2:
+            hop.weights = {n: rng.choice([1, 2, 3]) for n in names}
+        hops.append(hop)
+    if epochs is None:
+        for hop in hops:  # an endless stream has no round to end
+            if hop.save in ("last", "end"):
+                hop.save = rng.randint(1, 12)
+    hops[-1].save = "end" if epochs is not None else rng.randint(4, 16)
+    return Scenario(seed, sources, T, rng.choice([1, 2, 4]), packing, rng.choice([4, 16, 64]), epochs, loader, hops)
+
+
+def _builder(sc: Scenario, corpus, weights: Optional[Dict[str, float]]):
+    from tokenloom.recipes import pretrain
+
+    kw = dict(sc.loader)
+    if weights is not None:
+        kw["weights"] = weights
+    srcs = {n: corpus.sources[n] for n in sc.sources}
+
+    def build(rank: int, world: int, workers: int, sync, persistent: bool = False):
+        extra = {"persistent_workers": True} if persistent and workers > 0 else {}
+        return pretrain(srcs, tokenizer=corpus.tokenizer, bos="<|bos|>", seq_len=sc.seq_len,
+                        batch_size=sc.batch_size, packing=sc.packing, buffer_size=sc.buffer_size, epochs=sc.epochs,
+                        num_workers=workers, rank=rank, world_size=world, rank_sync=sync, seed=sc.seed % 7,
+                        cache=corpus.cache, cache_strict=corpus.cache is not None, **kw, **extra)
+    return build
+
+
+class _Prefetched:
+    """A loader read through a DevicePrefetcher: iterates it, saves the prefetcher's state."""
+
+    def __init__(self, loader):
+        from tokenloom.pipes.loader.prefetch import DevicePrefetcher
+
+        self.loader, self.pre = loader, DevicePrefetcher(loader, device="cpu", depth=2)
+
+    def __iter__(self):
+        return iter(self.pre)
+
+    def state_dict(self):
+        return self.pre.state_dict()
+
+    def stats(self):
+        return self.loader.stats()
+
+
+def run_scenario(sc: Scenario, root: str) -> Dict[str, int]:
+    """Run ``sc``; raises AssertionError (the oracle's findings) or whatever the loader raised."""
+    from tokenloom.pipes.loader.rank_sync import ThreadSync
+
+    from .oracle import _roundtrip
+    from .test_elastic import run_ranks
+
+    corpus = make_corpus(root, sc.sources, row=sc.seq_len + 1, seed=sc.seed)
+    rounds = 0
+
+    def new_oracle():
+        return Oracle(corpus, epochs=sc.epochs, mode=sc.packing, cycling=sc.loader.get("cycle_exhausted", True),
+                      end_label=BOS if sc.loader["predict_bos"] else IGNORE, eos="eos" in sc.loader,
+                      names=list(sc.sources))
+    oracle = new_oracle()
+    states: Optional[List[Dict[str, str]]] = None
+    prev: Optional[FuzzHop] = None
+    weights = None
+    batches_seen = 0
+    for h, hop in enumerate(sc.hops):
+        if hop.weights is not None:
+            weights = hop.weights
+        build = _builder(sc, corpus, weights)
+        sync = ThreadSync(hop.world) if hop.world > 1 else None
+        loaders = []
+        for r in range(hop.world):
+            loader = build(r, hop.world, hop.workers, sync, hop.persistent)
+            if states is not None:
+                allow = hop.weights is not None
+                if hop.as_dict and (prev.world, prev.workers) == (hop.world, hop.workers):
+                    loader.load_state_dict(states[r], allow_weight_change=allow)
+                else:
+                    order = list(states)
+                    random.Random(sc.seed * 31 + h * 7 + r).shuffle(order)
+                    loader.load_state_dict(order, allow_weight_change=allow)
+            loaders.append(_Prefetched(loader) if hop.prefetcher else loader)
+        where = f"hop {h} ({hop})"
+        if hop.save == 0:
+            saved = [loader.state_dict() for loader in loaders]
+            runs_ended = False
+        else:
+            record = hop.save == "last"
+            steps = hop.save if isinstance(hop.save, int) else None
+            runs = run_ranks(loaders, sync or ThreadSync(1), steps=steps, record=record)
+            n = len(runs[0].batches)
+            for k in range(n):
+                for r, run in enumerate(runs):
+                    oracle.feed(run.batches[k], f"{where} rank {r} step {k}")
+            batches_seen += n
+            saved = [run.states[n] if record else run.final for run in runs]
+            runs_ended = runs[0].ended and not record  # "last": saved before the end was seen
+            if runs_ended and h < len(sc.hops) - 1:
+                oracle.finish(complete=sc.complete())  # the round ended: the next hop runs the next
+                oracle = new_oracle()
+                rounds += 1
+        states = [_roundtrip(s, hop.roundtrip) for s in saved]
+        prev = hop
+        for loader in loaders:
+            del loader
+        del loaders
+    oracle.finish(complete=runs_ended and sc.complete())
+    return {"batches": batches_seen, "rounds": rounds + 1, "tokens": oracle.delivered}
+
+
+def check_seed(seed: int) -> Dict[str, int]:
+    sc = draw(seed)
+    root = tempfile.mkdtemp(prefix=f"oracle-fuzz-{seed}-")
+    try:
+        return run_scenario(sc, root)
+    except BaseException as e:
+        raise AssertionError(f"scenario {sc}\nreproduce: python -m tests.oracle_fuzz --seed {seed}\n"
+                             f"{type(e).__name__}: {e}") from e
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def category(sc: Scenario) -> str:
+    elastic = any((a.world, a.workers) != (b.world, b.workers) for a, b in zip(sc.hops, sc.hops[1:]))
+    return f"{sc.packing}/{'elastic' if elastic else 'same'}/{'endless' if sc.epochs is None else f'epochs={sc.epochs}'}"
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seed", type=int, help="run this one scenario, printed")
+    ap.add_argument("--start", type=int, default=10_000, help="first seed of a batch run")
+    ap.add_argument("--n", type=int, help="scenarios to run")
+    ap.add_argument("--minutes", type=float, help="run scenarios until this much time has passed")
+    args = ap.parse_args(argv)
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    if args.seed is not None:
+        print(draw(args.seed))
+        print(check_seed(args.seed))
+        return 0
+    deadline = time.monotonic() + 60 * (args.minutes or 1e9)
+    count = args.n if args.n is not None else (1 << 62 if args.minutes else 50)
+    failures, per = [], {}
+    seed = args.start
+    t0 = time.monotonic()
+    while seed < args.start + count and time.monotonic() < deadline:
+        sc = draw(seed)
+        cat = category(sc)
+        try:
+            check_seed(seed)
+            per[cat] = per.get(cat, 0) + 1
+        except AssertionError as e:
+            failures.append(seed)
+            print(f"FAIL {e}\n", flush=True)
+        except Exception:
+            failures.append(seed)
+            print(f"FAIL seed {seed}: {sc}\n{traceback.format_exc()}", flush=True)
+        seed += 1
+    ran = seed - args.start
+    print(f"{ran} scenarios in {time.monotonic() - t0:.0f}s, {len(failures)} failed: {failures[:20]}")
+    for cat in sorted(per):
+        print(f"  {cat}: {per[cat]} passed")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,216 @@
+"""Exactly once, at token level, checked by the oracle (tests/oracle.py) over real loaders.
+
+The corpus gives every word its own token id, so each delivered token names its
+document and offset; batches are read as a training loop gets them, with the label rule
+on. Regressions of issue 24: a token lost where a row's inputs end a document (the
+label slot), chained elastic resumes that saved before their first step, and states of
+two runs stitched into one list. Controls show the checker catches a dropped and a
+repeated batch in every packing mode.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from tokenloom.recipes import pretrain
+
+from .oracle import BOS, IGNORE, Hop, Oracle, make_corpus, run_chain
+
+pytestmark = pytest.mark.filterwarnings("ignore:world_size=.*torch.distributed is not initialized")
+
+MODES = ("flat", "bestfit", "bestfit-crop")
+
+
+def builder(corpus, *, seq_len, epochs=1, batch_size=4, **kw):
+    kw.setdefault("cycle_exhausted", False)
+
+    def build(rank, world, workers, sync):
+        return pretrain(corpus.sources, tokenizer=corpus.tokenizer, bos="<|bos|>", seq_len=seq_len,
+                        batch_size=batch_size, epochs=epochs, num_workers=workers, rank=rank, world_size=world,
+                        rank_sync=sync, cache=corpus.cache, cache_strict=corpus.cache is not None, **kw)
+    return build
+
+
+@pytest.fixture(scope="module")
+def corpora(tmp_path_factory):
+    """One corpus per row length: parquet and jsonl, lengths heavy-tailed around the row."""
+    out = {}
+
+    def get(T):
+        if T not in out:
+            n = {64: (500, 300), 256: (300, 200), 2048: (90, 60)}[T]
+            out[T] = make_corpus(str(tmp_path_factory.mktemp(f"oracle{T}")),
+                                 {"a": ("parquet", n[0]), "b": ("jsonl", n[1])}, row=T + 1, seed=T)
+        return out[T]
+    return get
+
+
+# --- 1. one epoch, no resume: nothing lost in the label slot --------------------------------
+
+@pytest.mark.parametrize("predict_bos", [True, False], ids=["predict_bos", "no_bos_label"])
+@pytest.mark.parametrize("T", [64, 256, 2048])
+@pytest.mark.parametrize("packing", MODES)
+def test_one_epoch_delivers_every_token_once(corpora, packing, T, predict_bos):
+    """Issue 24 (1): where a row's inputs ended a document and its last token began the next
+    piece of another one, the end label overwrote that token: bestfit lost 9-99 tokens an
+    epoch, flat lost the BOS of a document (its first piece then started without one)."""
+    corpus = corpora(T)
+    oracle = Oracle(corpus, epochs=1, mode=packing, end_label=BOS if predict_bos else IGNORE)
+    build = builder(corpus, seq_len=T, packing=packing, predict_bos=predict_bos, weights={"a": 0.6, "b": 0.4})
+    run_chain(build, [Hop(1, 0, None)], oracle)
+    oracle.finish()
+
+
+# --- 2. chained elastic resumes that save before their first step ----------------------------
+
+CHAINS = {
+    # the issue's chains: old ranks in different passes at the first save, then a save at once
+    "4x0-2x0:0-1x0 flat": (dict(packing="flat"), {"a": ("parquet", 120)}, 2,
+                           [Hop(4, 0, 3), Hop(2, 0, 0), Hop(1, 0, None)]),
+    "1x0-4x0:0-3x0 crop": (dict(packing="bestfit-crop", mix="interleave", weights={"a": 0.5, "b": 0.5}),
+                           {"a": ("parquet", 300), "b": ("jsonl", 60)}, 2,
+                           [Hop(1, 0, 40), Hop(4, 0, 0), Hop(3, 0, None)]),
+    "2x1-3x0:0-1x2 bestfit x3": (dict(packing="bestfit", weights={"a": 0.7, "b": 0.3}),
+                                 {"a": ("parquet", 150), "b": ("jsonl", 40)}, 3,
+                                 [Hop(2, 1, 25), Hop(3, 0, 0), Hop(1, 2, None)]),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(CHAINS))
+def test_chained_elastic_resume_with_a_save_at_once(tmp_path, name):
+    """Issue 24 (2): the plan of handed-over work for a later pass was lost when the new
+    topology saved before consuming it, and the next topology planned that pass afresh:
+    whole documents delivered epochs + 1 times."""
+    kw, spec, epochs, hops = CHAINS[name]
+    corpus = make_corpus(str(tmp_path), spec, row=65, seed=3)
+    oracle = Oracle(corpus, epochs=epochs, mode=kw["packing"], end_label=BOS)
+    run_chain(builder(corpus, seq_len=64, epochs=epochs, **kw), hops, oracle)
+    oracle.finish()
+
+
+# --- 3. stitched states ------------------------------------------------------------------------
+
+def test_states_of_two_runs_are_refused_together(tmp_path):
+    """Issue 24 (3): run P (2 ranks from the start) and run Q (1 rank, then elastic to 2) at the
+    same step: [P's rank 0, Q's rank 1] was accepted and gave repeats and skips."""
+    corpus = make_corpus(str(tmp_path), {"a": ("parquet", 300)}, row=65, seed=4)
+    build = builder(corpus, seq_len=64, packing="bestfit")
+    P = run_chain(build, [Hop(2, 0, 5)], Oracle(corpus, epochs=1, mode="bestfit", end_label=BOS))
+    Q = run_chain(build, [Hop(1, 0, 2), Hop(2, 0, 3)], Oracle(corpus, epochs=1, mode="bestfit", end_label=BOS))
+    for stitched in ([P[0], Q[1]], [Q[0], P[1]]):
+        with pytest.raises(ValueError, match="different runs.*history"):
+            build(0, 3, 0, None).load_state_dict(stitched)
+        with pytest.raises(ValueError, match="different runs.*history"):  # the same topology too
+            build(0, 2, 0, None).load_state_dict(stitched)
+    for run in (P, Q):  # each run's own list loads
+        build(0, 3, 0, None).load_state_dict(list(run))
+
+
+def test_a_weight_change_starts_a_new_history(tmp_path):
+    corpus = make_corpus(str(tmp_path), {"a": ("parquet", 200), "b": ("jsonl", 100)}, row=65, seed=5)
+    base = dict(seq_len=64, packing="bestfit", epochs=None)
+    P = run_chain(builder(corpus, weights={"a": 0.5, "b": 0.5}, **base), [Hop(2, 0, 3)],
+                  Oracle(corpus, epochs=None, mode="bestfit", end_label=BOS))
+    changed = builder(corpus, weights={"a": 0.2, "b": 0.8}, **base)
+    Q = []
+    for r in range(2):
+        loader = changed(r, 2, 0, None)
+        loader.load_state_dict(P[r], allow_weight_change=True)
+        Q.append(loader.state_dict())
+    with pytest.raises(ValueError, match="different runs"):
+        changed(0, 1, 0, None).load_state_dict([P[0], Q[1]], allow_weight_change=True)
+    changed(0, 1, 0, None).load_state_dict(Q)
+
+
+# --- 4. every source kind, through the held-out elastic topologies -------------------------------
+
+KIND_CHAINS = {
+    "2x2-3x1": [Hop(2, 2, 6), Hop(3, 1, None)],
+    "1x0-2x2": [Hop(1, 0, 9), Hop(2, 2, None)],
+    "4x1-1x3": [Hop(4, 1, 3), Hop(1, 3, None)],
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kinds,topology", [
+    (("json_array", "jsonl_gz"), "2x2-3x1"),
+    (("hf", "parquet"), "1x0-2x2"),
+    (("cache", "json_array"), "4x1-1x3"),
+    (("jsonl_gz", "hf"), "4x1-1x3"),
+])
+def test_every_source_kind_counts_every_token(tmp_path, kinds, topology):
+    spec = {"a": (kinds[0], 160), "b": (kinds[1], 120)}
+    corpus = make_corpus(str(tmp_path), spec, row=65, seed=6)
+    oracle = Oracle(corpus, epochs=1, mode="bestfit", end_label=BOS)
+    run_chain(builder(corpus, seq_len=64, weights={"a": 0.6, "b": 0.4}), KIND_CHAINS[topology], oracle)
+    oracle.finish()
+
+
+# --- 5. controls: the checker sees a dropped and a repeated batch --------------------------------
+
+@pytest.mark.parametrize("packing", MODES)
+def test_the_oracle_catches_a_dropped_and_a_repeated_batch(corpora, packing):
+    corpus = corpora(64)
+    batches = list(builder(corpus, seq_len=64, packing=packing, weights={"a": 0.6, "b": 0.4})(0, 1, 0, None))
+    ok = Oracle(corpus, epochs=1, mode=packing, end_label=BOS)
+    for k, b in enumerate(batches):
+        ok.feed(b, f"step {k}")
+    ok.finish()
+    drop = Oracle(corpus, epochs=1, mode=packing, end_label=BOS)
+    for k, b in enumerate(batches[:7] + batches[8:]):
+        drop.feed(b, f"step {k}")
+    with pytest.raises(AssertionError, match="left unfinished|another number of times|no piece of it is open|lost"):
+        drop.finish()
+    twice = Oracle(corpus, epochs=1, mode=packing, end_label=BOS)
+    for k, b in enumerate(batches[:8] + batches[7:]):
+        twice.feed(b, f"step {k}")
+    with pytest.raises(AssertionError, match="repeated|delivered 2 times|no piece of it is open|continues"):
+        twice.finish()
+
+
+def test_the_oracle_catches_a_wrong_label(corpora):
+    corpus = corpora(64)
+    batch = next(iter(builder(corpus, seq_len=64, packing="bestfit")(0, 1, 0, None)))
+    bad = copy.deepcopy(batch)
+    seg = bad["segment_ids"]
+    b, k = (((seg[:, 1:] != seg[:, :-1]) & (seg[:, :-1] > 0)).nonzero()[0]).tolist()  # a segment's last input
+    assert int(bad["labels"][b, k]) == BOS
+    bad["labels"][b, k] = IGNORE
+    oracle = Oracle(corpus, epochs=1, mode="bestfit", end_label=BOS)
+    oracle.feed(bad, "step 0")
+    with pytest.raises(AssertionError, match="end label"):
+        oracle.finish(complete=False)
+
+
+# --- 6. found by the random scenarios ------------------------------------------------------------
+
+def test_stats_right_after_an_elastic_resume(tmp_path):
+    """A new rank's loader.stats() before and at its first steps (the progress estimate divided
+    by rows delivered and tokens read, both 0 on a rank that took over only carried counts)."""
+    corpus = make_corpus(str(tmp_path), {"a": ("hf", 46)}, row=65, seed=28)
+    build = builder(corpus, seq_len=64, batch_size=2, buffer_size=64)
+    states = run_chain(build, [Hop(1, 0, 2)], Oracle(corpus, epochs=1, mode="bestfit", end_label=BOS))
+    for r in range(3):
+        loader = build(r, 3, 0, None)
+        loader.load_state_dict(list(states))
+        progress = loader.stats()["progress"]
+        assert progress["fraction"] is not None and 0 <= progress["fraction"] <= 1
+        for _, _ in zip(range(3), loader):
+            assert 0 <= loader.stats()["progress"]["fraction"] <= 1
+
+
+# --- 7. random scenarios, seeded (make fuzz runs many more) -----------------------------------------
+
+#: Seeds of the CI run: the first ones of the driver's range plus seeds that once failed.
+SEEDS = list(range(10_000, 10_012)) + [6, 7, 8, 16, 25, 28]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", SEEDS)
+def test_random_scenario(seed):
+    from .oracle_fuzz import check_seed
+
+    check_seed(seed)
