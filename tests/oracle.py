@@ -39,35 +39,57 @@ import pyarrow.parquet as pq
 import torch
 
 BOS, EOS = 0, 1
-SPECIALS = ["<|bos|>", "<|eos|>"]
+#: Special tokens: the chat markers are the demo template's (``<|bos|> (<|role|> content <|end|>)*``).
+SPECIALS = ["<|bos|>", "<|eos|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
+ROLE_ID = {"system": 2, "user": 3, "assistant": 4}
+END = 5
 FIRST_WORD = 8
 IGNORE = -100
 KINDS = ("parquet", "jsonl", "json_array", "jsonl_gz", "hf", "cache")
+CHAT_KINDS = ("parquet", "jsonl")
 
 
 # --- the corpus ---------------------------------------------------------------------------
 
 @dataclass
 class OracleCorpus:
-    """Sources on disk and, per token id, where the token lives."""
+    """Sources on disk and, per document, its words (token ids; every word id is unique).
+    A conversation is a list of messages ``(role, word ids)``."""
 
     root: str
     tokenizer: str
-    sources: Dict[str, Any]  # name -> spec for pretrain (path/glob)
+    sources: Dict[str, Any]  # name -> spec for pretrain/sft (path)
     kinds: Dict[str, str]
-    doc_of: np.ndarray  # word id -> document index
-    off_of: np.ndarray  # word id -> offset in its document (BOS is offset 0)
-    doc_len: List[int]  # words per document
     doc_source: List[str]
+    words: List[np.ndarray]  # per document: its word ids in order (a conversation: all its messages')
+    chats: Optional[List[List[Tuple[str, np.ndarray]]]] = None
     cache: Optional[Dict[str, str]] = None  # {source: token cache} for the sources of kind 'cache'
 
-    def __post_init__(self):
-        # word id of each document's first word (a document's words are consecutive ids)
-        self.doc_first = np.cumsum([0] + self.doc_len[:-1]) + FIRST_WORD
-
     def describe(self) -> str:
-        return ", ".join(f"{n}: {self.kinds[n]} ({sum(1 for s in self.doc_source if s == n)} docs)"
+        what = "conversations" if self.chats else "docs"
+        return ", ".join(f"{n}: {self.kinds[n]} ({sum(1 for s in self.doc_source if s == n)} {what})"
                          for n in self.sources)
+
+    def sequences(self, eos: bool) -> Tuple[List[np.ndarray], List[np.ndarray]]:
+        """Per document the tokens a loader must deliver and which of them are targets: pretrain
+        ``BOS words [EOS]``, all targets; a conversation ``BOS (<|role|> words <|end|>)*`` with the
+        assistant's words and end marker as targets (written from the template's definition, not
+        by calling it)."""
+        seqs, masks = [], []
+        if self.chats is None:
+            for w in self.words:
+                seqs.append(np.concatenate([[BOS], w, [EOS] if eos else []]).astype(np.int64))
+                masks.append(np.ones(len(seqs[-1]), bool))
+            return seqs, masks
+        for conv in self.chats:
+            toks, mask = [BOS], [False]
+            for role, w in conv:
+                trained = role == "assistant"
+                toks += [ROLE_ID[role], *w.tolist(), END]
+                mask += [False] + [trained] * len(w) + [trained]
+            seqs.append(np.asarray(toks, np.int64))
+            masks.append(np.asarray(mask, bool))
+        return seqs, masks
 
 
 def doc_lengths(rng: random.Random, n: int, row: int) -> List[int]:
@@ -84,63 +106,81 @@ def doc_lengths(rng: random.Random, n: int, row: int) -> List[int]:
     return out
 
 
-def _write(kind: str, path: str, texts: List[str], rng: random.Random) -> str:
-    """Write ``texts`` as a source of ``kind`` under ``path``; returns the spec."""
+def _write(kind: str, path: str, records: List[Dict[str, Any]], rng: random.Random) -> str:
+    """Write ``records`` as a source of ``kind`` under ``path``; returns the spec."""
     os.makedirs(path, exist_ok=True)
     if kind in ("parquet", "cache"):
         files = rng.randint(1, 3)
-        per = -(-len(texts) // files)
+        per = -(-len(records) // files)
         for f in range(files):
-            part = texts[f * per:(f + 1) * per]
+            part = records[f * per:(f + 1) * per]
             if part:
-                pq.write_table(pa.table({"text": part}), os.path.join(path, f"part-{f}.parquet"),
+                pq.write_table(pa.Table.from_pylist(part), os.path.join(path, f"part-{f}.parquet"),
                                row_group_size=rng.choice([4, 7, 16]))
         return path
     if kind == "jsonl":
         with open(os.path.join(path, "docs.jsonl"), "w") as f:
-            f.writelines(json.dumps({"text": t}) + "\n" for t in texts)
+            f.writelines(json.dumps(r) + "\n" for r in records)
         return path
     if kind == "json_array":
         with open(os.path.join(path, "docs.json"), "w") as f:
-            json.dump([{"text": t} for t in texts], f)
+            json.dump(records, f)
         return path
     if kind == "jsonl_gz":
         with gzip.open(os.path.join(path, "docs.jsonl.gz"), "wt") as f:
-            f.writelines(json.dumps({"text": t}) + "\n" for t in texts)
+            f.writelines(json.dumps(r) + "\n" for r in records)
         return path
     if kind == "hf":
         import datasets
 
+        datasets.disable_progress_bars()
         out = os.path.join(path, "ds")
-        datasets.Dataset.from_dict({"text": texts}).save_to_disk(out, max_shard_size="20KB")
+        datasets.Dataset.from_list(records).save_to_disk(out, max_shard_size="20KB")
         return out
     raise ValueError(f"{kind=} is not one of {KINDS}")
 
 
-def make_corpus(root: str, spec: Dict[str, Tuple[str, int]], *, row: int, seed: int = 0) -> OracleCorpus:
-    """``spec``: {source name: (kind, documents)}. Every word of every document is its own token."""
+def make_corpus(root: str, spec: Dict[str, Tuple[str, int]], *, row: int, seed: int = 0,
+                chat: bool = False) -> OracleCorpus:
+    """``spec``: {source name: (kind, documents)}. Every word of every document is its own token.
+    ``chat``: conversations of 1-4 messages (user first) under ``messages`` instead of text."""
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     rng = random.Random(seed)
-    lengths = {name: doc_lengths(rng, n, row) for name, (_, n) in spec.items()}
-    total = sum(sum(v) for v in lengths.values())
-    doc_of = np.full(FIRST_WORD + total, -1, np.int64)
-    off_of = np.full(FIRST_WORD + total, -1, np.int64)
-    doc_len, doc_source, texts = [], [], {n: [] for n in spec}
-    w = 0
-    for name in spec:
-        for n in lengths[name]:
-            d = len(doc_len)
-            ids = np.arange(FIRST_WORD + w, FIRST_WORD + w + n)
-            doc_of[ids], off_of[ids] = d, np.arange(1, n + 1)
-            texts[name].append(" ".join(f"w{i - FIRST_WORD}" for i in ids))
-            doc_len.append(n)
+    words: List[np.ndarray] = []
+    chats: List[List[Tuple[str, np.ndarray]]] = []
+    doc_source: List[str] = []
+    records: Dict[str, List[Dict[str, Any]]] = {n: [] for n in spec}
+    w = FIRST_WORD
+
+    def take(n: int) -> np.ndarray:
+        nonlocal w
+        ids = np.arange(w, w + n, dtype=np.int64)
+        w += n
+        return ids
+
+    def text(ids: np.ndarray) -> str:
+        return " ".join(f"w{i - FIRST_WORD}" for i in ids)
+
+    for name, (_, n) in spec.items():
+        for length in doc_lengths(rng, n, row):
+            if chat:
+                k = rng.randint(1, 4)
+                parts = [max(1, length // k)] * k
+                conv = [("user" if j % 2 == 0 else "assistant", take(m)) for j, m in enumerate(parts)]
+                if len(conv) == 1:
+                    conv.append(("assistant", take(rng.randint(1, 8))))
+                chats.append(conv)
+                words.append(np.concatenate([ids for _, ids in conv]))
+                records[name].append({"messages": [{"role": r, "content": text(ids)} for r, ids in conv]})
+            else:
+                words.append(take(length))
+                records[name].append({"text": text(words[-1])})
             doc_source.append(name)
-            w += n
     vocab = {t: i for i, t in enumerate(SPECIALS)}
     vocab.update({f"<|r{i}|>": i for i in range(len(SPECIALS), FIRST_WORD)})
-    vocab.update({f"w{i}": FIRST_WORD + i for i in range(total)})
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<|r2|>"))
+    vocab.update({f"w{i - FIRST_WORD}": i for i in range(FIRST_WORD, w)})
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<|r6|>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.add_special_tokens(SPECIALS)
     os.makedirs(root, exist_ok=True)
@@ -148,9 +188,11 @@ def make_corpus(root: str, spec: Dict[str, Tuple[str, int]], *, row: int, seed: 
     tok.save(tok_path)
     sources, kinds = {}, {}
     for name, (kind, _) in spec.items():
-        sources[name] = _write(kind, os.path.join(root, name), texts[name], rng)
+        if chat and kind not in CHAT_KINDS:
+            raise ValueError(f"conversations are written as {CHAT_KINDS}, not {kind=}")
+        sources[name] = _write(kind, os.path.join(root, name), records[name], rng)
         kinds[name] = kind
-    corpus = OracleCorpus(root, tok_path, sources, kinds, doc_of, off_of, doc_len, doc_source)
+    corpus = OracleCorpus(root, tok_path, sources, kinds, doc_source, words, chats if chat else None)
     cached = {n: s for n, s in sources.items() if kinds[n] == "cache"}
     if cached:
         from tokenloom.pipes.sources.cache_build import build_cache
@@ -177,7 +219,7 @@ class Oracle:
     corpus: OracleCorpus
     epochs: Optional[int]  # None: an endless stream, cut off (no completeness check)
     mode: str  # flat | bestfit | bestfit-crop
-    end_label: int  # BOS (predict_bos=True) or -100
+    end_label: int  # BOS (predict_bos=True) or -100 (also sft)
     eos: bool = False
     cycling: bool = False  # exhausted sources cycle on (a document may come more than epochs times)
     names: Optional[Sequence[str]] = None  # the sources the loader reads (default: all)
@@ -187,16 +229,28 @@ class Oracle:
     delivered: int = 0  # document tokens delivered (inputs and target-only tokens)
     rows: int = 0
     label_slots: int = 0  # rows whose inputs end a whole document: crop fills the slot with a document's BOS
+    # Special-only starts not yet placed: (tokens, where, whether the label slot after them went unseen,
+    # the stream they came in). Every conversation starts alike, so a continuation takes one of its own
+    # stream (hop, rank) first: within a hop a document goes on where it started.
+    floating: List[Tuple[np.ndarray, str, bool, Any]] = field(default_factory=list)
+    stream: Any = None
+
+    def __post_init__(self):
+        self.seq, self.mask = self.corpus.sequences(self.eos)
+        size = max(int(w.max()) for w in self.corpus.words if len(w)) + 1
+        self.doc_of = np.full(size, -1, np.int64)
+        self.off_of = np.full(size, -1, np.int64)
+        for d, toks in enumerate(self.seq):
+            at = np.flatnonzero(toks >= FIRST_WORD)
+            self.doc_of[toks[at]], self.off_of[toks[at]] = d, at
 
     def _err(self, where: str, msg: str) -> None:
         if len(self.errors) < 50:
             self.errors.append(f"{where}: {msg}")
 
-    def _length(self, doc: int) -> int:
-        """Tokens of a document: BOS, its words, EOS if any."""
-        return 1 + self.corpus.doc_len[doc] + (1 if self.eos else 0)
-
-    def feed(self, batch: Dict[str, torch.Tensor], where: str) -> None:
+    def feed(self, batch: Dict[str, torch.Tensor], where: str, stream: Any = None) -> None:
+        """``stream``: what the batch came from (a hop and rank), to place pieces that name no document."""
+        self.stream = stream
         inp, lab = batch["input_ids"].numpy(), batch["labels"].numpy()
         seg, pos = batch["segment_ids"].numpy(), batch["position_ids"].numpy()
         B, T = inp.shape
@@ -245,90 +299,78 @@ class Oracle:
             t = e + 1
         return runs
 
-    def _attribute(self, tokens: np.ndarray) -> Tuple[int, np.ndarray, Optional[str]]:
-        """(document, offsets) of a piece's tokens; an error text if they are not consecutive
-        tokens of one document."""
+    def _attribute(self, tokens: np.ndarray) -> Tuple[int, int, Optional[str]]:
+        """(document, offset of the first token) of a piece holding a word; an error text if its
+        tokens are not consecutive tokens of one document."""
         words = tokens >= FIRST_WORD
-        if not words.any():
-            return -1, np.zeros(0, np.int64), None
-        if (tokens >= len(self.corpus.doc_of)).any():
-            return -1, np.zeros(0, np.int64), f"token ids beyond the vocabulary: {tokens[tokens >= len(self.corpus.doc_of)][:4]}"
-        docs = self.corpus.doc_of[tokens[words]]
-        doc = int(docs[0])
-        if (docs != doc).any():
-            return doc, np.zeros(0, np.int64), f"a segment mixes documents {sorted(set(docs.tolist()))[:4]}"
-        first_word = int(np.argmax(words))
-        base = int(self.corpus.off_of[tokens[first_word]]) - first_word
-        offs = base + np.arange(len(tokens))
-        n = self.corpus.doc_len[doc]
-        want = np.where(offs == 0, BOS, np.where(offs == n + 1, EOS, -1))
-        ok_words = (self.corpus.off_of[np.where(words, tokens, FIRST_WORD)] == offs) | ~words
-        ok_special = (want == tokens) | words
-        if base < 0 or offs[-1] > n + (1 if self.eos else 0) or not ok_words.all() or not ok_special.all():
-            return doc, offs, (f"tokens {tokens[:6].tolist()}... are not consecutive tokens of document {doc} "
-                               f"(offsets from {base})")
-        return doc, offs, None
+        if (tokens >= len(self.doc_of)).any():
+            return -1, 0, f"token ids beyond the corpus: {tokens[tokens >= len(self.doc_of)][:4].tolist()}"
+        k = int(np.argmax(words))
+        doc = int(self.doc_of[tokens[k]])
+        base = int(self.off_of[tokens[k]]) - k
+        seq = self.seq[doc]
+        if base < 0 or base + len(tokens) > len(seq) or not np.array_equal(seq[base:base + len(tokens)], tokens):
+            others = sorted(set(self.doc_of[tokens[words]].tolist()))
+            return doc, base, (f"tokens {tokens[:6].tolist()}... are not consecutive tokens of one document "
+                               f"(documents {others[:4]}, offsets from {base})")
+        return doc, base, None
+
+    def _special_only(self, tokens: np.ndarray, where: str, slot: bool) -> Tuple[int, int]:
+        """A piece without a word: it continues an open chain whose next tokens it holds, or it starts
+        a document (its BOS first); such a start is placed when its continuation arrives."""
+        for doc, chains in self.chains.items():
+            seq = self.seq[doc]
+            for c in chains:
+                if np.array_equal(seq[c.next:c.next + len(tokens)], tokens):
+                    return doc, c.next
+        if tokens[0] == BOS:
+            self.floating.append((tokens, where, slot, self.stream))
+            return -1, 0
+        self._err(where, f"a segment of special tokens {tokens.tolist()} that continues no document")
+        return -1, 0
 
     def _piece(self, inp, lab, s: int, e: int, where: str) -> None:
         T = len(inp)
         where = f"{where} at {s}..{e}"
-        inside = lab[s:e] != inp[s + 1:e + 1]
-        if inside.any():
-            k = s + int(np.argmax(inside))
-            self._err(where, f"label at {k} is {lab[k]}, the next input is {inp[k + 1]}")
         tokens = inp[s:e + 1]
         last_label = int(lab[e])
-        doc, offs, problem = self._attribute(tokens)
-        if doc < 0 and problem is None:
-            # No word among the inputs: a lone BOS or EOS; the row's last label may name the document.
-            if e == T - 1 and last_label >= FIRST_WORD:
-                doc, offs, problem = self._attribute(np.append(tokens, last_label))
-                offs = offs[:-1] if problem is None else offs
-            elif tokens.tolist() == [EOS] * len(tokens) and len(tokens) == 1:
-                doc, offs = self._eos_only(where)
-                if doc < 0:
-                    return
-            else:
-                self._err(where, f"a segment of special tokens only {tokens.tolist()} (no document to continue)")
+        if (tokens >= FIRST_WORD).any():
+            doc, base, problem = self._attribute(tokens)
+        elif e == T - 1 and last_label >= FIRST_WORD:
+            doc, base, problem = self._attribute(np.append(tokens, last_label))
+        else:
+            doc, base = self._special_only(tokens, where, e == T - 1 and last_label == IGNORE)
+            problem = None
+            if doc < 0:
                 return
         if problem is not None:
             self._err(where, problem)
             return
-        n_tok = self._length(doc)
-        end = int(offs[-1]) + 1  # the offset after the last input of the piece
-        if end < n_tok:  # the document goes on after the piece's inputs
+        seq, mask = self.seq[doc], self.mask[doc]
+        end = base + len(tokens)  # the offset after the piece's last input
+        want = np.where(mask[base + 1:end], tokens[1:], IGNORE)
+        if not np.array_equal(lab[s:e], want):
+            k = int(np.argmax(lab[s:e] != want))
+            self._err(where, f"label at {s + k} is {lab[s + k]}, want {want[k]} (the next token, or -100 where it "
+                             "is not a target)")
+        if end < len(seq):  # the document goes on after the piece's inputs
+            nxt = int(seq[end])
             if e < T - 1:
                 self._err(where, f"document {doc} is cut at offset {end} inside a row (label {last_label})")
-            elif last_label == self._token_at(doc, end):
-                end += 1  # its next token is the row's last label: delivered as a target only
-            elif last_label != IGNORE or self.end_label != IGNORE:
-                self._err(where, f"the row's last label {last_label} is neither the end label nor document {doc}'s "
-                                 f"next token {self._token_at(doc, end)} (offset {end}): a token lost or a wrong target")
+            elif last_label == (nxt if mask[end] else IGNORE) and (mask[end] or self.corpus.chats is not None):
+                end += 1  # its next token is the row's label slot: a target only (or, not trained, no one's)
+            else:
+                self._err(where, f"the row's last label {last_label} is not document {doc}'s next token {nxt} "
+                                 f"(offset {end}): a token lost or a wrong target")
         elif last_label != self.end_label:
             self._err(where, f"document {doc} ends at {e} with label {last_label}, the end label is {self.end_label}")
         elif e == T - 1:
             self.label_slots += 1
-        self._deliver(doc, int(offs[0]), end, where)
-
-    def _token_at(self, doc: int, off: int) -> int:
-        n = self.corpus.doc_len[doc]
-        if off == 0:
-            return BOS
-        if off == n + 1:
-            return EOS
-        return int(self.corpus.doc_first[doc]) + off - 1
-
-    def _eos_only(self, where: str) -> Tuple[int, np.ndarray]:
-        for doc, chains in self.chains.items():
-            for c in chains:
-                if c.next == self._length(doc) - 1:
-                    return doc, np.asarray([c.next])
-        self._err(where, "an EOS that continues no document")
-        return -1, np.zeros(0, np.int64)
+        self._deliver(doc, base, end, where)
 
     def _deliver(self, doc: int, start: int, end: int, where: str) -> None:
         self.delivered += end - start
-        n_tok = self._length(doc)
+        n_tok = len(self.seq[doc])
         crop = self.mode == "bestfit-crop"
         if start == 0:
             chain = _Chain(doc, end, 1)
@@ -343,7 +385,18 @@ class Oracle:
             open_ = self.chains.get(doc, [])
             chain = next((c for c in open_ if c.next == start), None)
             if chain is None:
-                if not open_:
+                seq, mask = self.seq[doc], self.mask[doc]
+                # a special-only start piece, placed now: the chain began there (and, where its row's
+                # label slot went unseen, that slot held the document's next token, not a target)
+                fits = [i for i, (toks, _, slot, _) in enumerate(self.floating)
+                        if np.array_equal(seq[:len(toks)], toks)
+                        and (start == len(toks) or slot and start == len(toks) + 1 and not mask[len(toks)])]
+                placed = min(fits, key=lambda i: (self.floating[i][3] != self.stream, i)) if fits else None
+                if placed is not None:
+                    del self.floating[placed]
+                    chain = _Chain(doc, start, 1)
+                    self.chains[doc].append(chain)
+                elif not open_:
                     self._err(where, f"document {doc} continues at offset {start}, but no piece of it is open "
                                      f"({'its BOS was not an input: lost in a label slot?' if start == 1 else 'a repeat or a lost start'})")
                     chain = _Chain(doc, start)
@@ -366,6 +419,8 @@ class Oracle:
 
     def finish(self, *, complete: bool = True) -> None:
         """Raise AssertionError listing what went wrong. ``complete``: the round ran to its end."""
+        for tokens, where, _, _ in self.floating:
+            self._err(where, f"a segment {tokens.tolist()} starts a document whose rest never came")
         if complete and self.epochs is not None:
             names = set(self.names or self.corpus.sources)
             crop = self.mode == "bestfit-crop"
@@ -436,7 +491,7 @@ def run_chain(build, hops: Sequence[Hop], oracle: Oracle, *, roundtrip: str = "t
             runs = run_ranks(loaders, sync or ThreadSync(1), steps=hop.steps)
             for k in range(len(runs[0].batches)):
                 for r, run in enumerate(runs):
-                    oracle.feed(run.batches[k], f"hop {h} ({hop}) rank {r} step {k}")
+                    oracle.feed(run.batches[k], f"hop {h} ({hop}) rank {r} step {k}", (h, r, k % max(hop.workers, 1)))
             saved = [run.final for run in runs]
         states = [_roundtrip(s, roundtrip) for s in saved]
         prev = hop

@@ -31,7 +31,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
-from .oracle import BOS, IGNORE, KINDS, Oracle, make_corpus
+from .oracle import BOS, CHAT_KINDS, IGNORE, KINDS, Oracle, make_corpus
 
 
 @dataclass
@@ -61,8 +61,9 @@ class Scenario:
     packing: str
     buffer_size: int
     epochs: Optional[int]
-    loader: Dict[str, Any]  # pretrain keyword arguments
+    loader: Dict[str, Any]  # pretrain (sft) keyword arguments
     hops: List[FuzzHop] = field(default_factory=list)
+    chat: bool = False  # conversations through sft (bestfit, long ones split)
 
     def complete(self) -> bool:
         """Whether a round delivers every document exactly ``epochs`` times."""
@@ -71,7 +72,7 @@ class Scenario:
 
     def __str__(self) -> str:
         hops = " -> ".join(map(str, self.hops))
-        return (f"seed {self.seed}: sources {self.sources}, T={self.seq_len} B={self.batch_size} {self.packing} "
+        return (f"seed {self.seed}: {'sft ' if self.chat else ''}sources {self.sources}, T={self.seq_len} B={self.batch_size} {self.packing} "
                 f"buffer {self.buffer_size} epochs={self.epochs} {self.loader}; hops {hops}")
 
 
@@ -79,13 +80,14 @@ def draw(seed: int) -> Scenario:
     rng = random.Random(seed)
     n_src = rng.choice([1, 1, 2, 2, 3])
     names = ["a", "b", "c"][:n_src]
-    kinds = [k for k in KINDS if k != "hf"] + ["hf"]  # hf last: the slowest to write
+    chat = rng.random() < 0.2
+    kinds = list(CHAT_KINDS) if chat else [k for k in KINDS if k != "hf"] + ["hf"]
     sources = {n: (rng.choice(kinds), rng.randint(30, 120)) for n in names}
     T = rng.choice([16, 32, 64])
-    packing = rng.choice(["flat", "bestfit", "bestfit", "bestfit-crop"])
+    packing = "bestfit" if chat else rng.choice(["flat", "bestfit", "bestfit", "bestfit-crop"])
     epochs = rng.choice([1, 1, 2, 3, None])
-    loader: Dict[str, Any] = {"predict_bos": rng.random() < 0.7}
-    if rng.random() < 0.25:
+    loader: Dict[str, Any] = {"long_conversations": "split"} if chat else {"predict_bos": rng.random() < 0.7}
+    if not chat and rng.random() < 0.25:
         loader["eos"] = "<|eos|>"
     if n_src > 1:
         mix = rng.choice(["interleave", "interleave", "random", "round_robin", "alternating", "sequential"])
@@ -129,11 +131,12 @@ def draw(seed: int) -> Scenario:
             if hop.save in ("last", "end"):
                 hop.save = rng.randint(1, 12)
     hops[-1].save = "end" if epochs is not None else rng.randint(4, 16)
-    return Scenario(seed, sources, T, rng.choice([1, 2, 4]), packing, rng.choice([4, 16, 64]), epochs, loader, hops)
+    return Scenario(seed, sources, T, rng.choice([1, 2, 4]), packing, rng.choice([4, 16, 64]), epochs, loader, hops,
+                    chat)
 
 
 def _builder(sc: Scenario, corpus, weights: Optional[Dict[str, float]]):
-    from tokenloom.recipes import pretrain
+    from tokenloom.recipes import ChatTemplate, pretrain, sft
 
     kw = dict(sc.loader)
     if weights is not None:
@@ -142,6 +145,12 @@ def _builder(sc: Scenario, corpus, weights: Optional[Dict[str, float]]):
 
     def build(rank: int, world: int, workers: int, sync, persistent: bool = False):
         extra = {"persistent_workers": True} if persistent and workers > 0 else {}
+        if sc.chat:
+            template = ChatTemplate(roles={"user": "<|user|>", "assistant": "<|assistant|>"}, end="<|end|>",
+                                    bos="<|bos|>")
+            return sft(srcs, tokenizer=corpus.tokenizer, template=template, seq_len=sc.seq_len,
+                       batch_size=sc.batch_size, buffer_size=sc.buffer_size, epochs=sc.epochs, num_workers=workers,
+                       rank=rank, world_size=world, rank_sync=sync, seed=sc.seed % 7, **kw, **extra)
         return pretrain(srcs, tokenizer=corpus.tokenizer, bos="<|bos|>", seq_len=sc.seq_len,
                         batch_size=sc.batch_size, packing=sc.packing, buffer_size=sc.buffer_size, epochs=sc.epochs,
                         num_workers=workers, rank=rank, world_size=world, rank_sync=sync, seed=sc.seed % 7,
@@ -174,12 +183,12 @@ def run_scenario(sc: Scenario, root: str) -> Dict[str, int]:
     from .oracle import _roundtrip
     from .test_elastic import run_ranks
 
-    corpus = make_corpus(root, sc.sources, row=sc.seq_len + 1, seed=sc.seed)
+    corpus = make_corpus(root, sc.sources, row=sc.seq_len + 1, seed=sc.seed, chat=sc.chat)
     rounds = 0
 
     def new_oracle():
         return Oracle(corpus, epochs=sc.epochs, mode=sc.packing, cycling=sc.loader.get("cycle_exhausted", True),
-                      end_label=BOS if sc.loader["predict_bos"] else IGNORE, eos="eos" in sc.loader,
+                      end_label=BOS if sc.loader.get("predict_bos") else IGNORE, eos="eos" in sc.loader,
                       names=list(sc.sources))
     oracle = new_oracle()
     states: Optional[List[Dict[str, str]]] = None
@@ -214,7 +223,7 @@ def run_scenario(sc: Scenario, root: str) -> Dict[str, int]:
             n = len(runs[0].batches)
             for k in range(n):
                 for r, run in enumerate(runs):
-                    oracle.feed(run.batches[k], f"{where} rank {r} step {k}")
+                    oracle.feed(run.batches[k], f"{where} rank {r} step {k}", (h, r, k % max(hop.workers, 1)))
             batches_seen += n
             saved = [run.states[n] if record else run.final for run in runs]
             runs_ended = runs[0].ended and not record  # "last": saved before the end was seen
@@ -245,7 +254,7 @@ def check_seed(seed: int) -> Dict[str, int]:
 
 def category(sc: Scenario) -> str:
     elastic = any((a.world, a.workers) != (b.world, b.workers) for a, b in zip(sc.hops, sc.hops[1:]))
-    return f"{sc.packing}/{'elastic' if elastic else 'same'}/{'endless' if sc.epochs is None else f'epochs={sc.epochs}'}"
+    return f"{'sft' if sc.chat else sc.packing}/{'elastic' if elastic else 'same'}/{'endless' if sc.epochs is None else f'epochs={sc.epochs}'}"
 
 
 def main(argv: Optional[List[str]] = None) -> int:
