@@ -182,14 +182,14 @@ class ShardUnits(Node[WorkSlice]):
         self._index = 0
         self._pre = 0
         self._plan: Optional[List[WorkSlice]] = None
+        self._unstartable = False
 
     def reset(self, initial_state: Optional[Dict[str, Any]] = None) -> None:
+        # Restarting a round whose handed-over work is partly used up is refused at the first slice, not
+        # here: torch's single-process iterator resets a dataset before it loads the state it resumes.
+        self._unstartable = initial_state is None and self.prefix_offset > 0
         if initial_state is None:
-            if self.prefix_offset:
-                raise RuntimeError("this round continues an elastic resume whose handed-over work is partly used up, "
-                                   "so it cannot restart from its start (a break, then iter(loader) again); keep one "
-                                   "iterator, or load the state again")
-            self._epoch, self._index, self._pre = self.start_epoch, 0, 0
+            self._epoch, self._index, self._pre = self.start_epoch, 0, self.prefix_offset
         else:
             self._epoch, self._index = int(initial_state[self.EPOCH]), int(initial_state[self.INDEX])
             self._pre = int(initial_state[self.PREFIX])
@@ -229,6 +229,10 @@ class ShardUnits(Node[WorkSlice]):
         return self.start_epoch - 1 if self.resumed else -1
 
     def next(self) -> WorkSlice:
+        if self._unstartable:
+            raise RuntimeError("this round continues an elastic resume whose handed-over work is partly used up, "
+                               "so it cannot restart from its start (a break, then iter(loader) again); keep one "
+                               "iterator, or load the state again")
         if self._pre < self._end:
             self._pre += 1
             return self.prefix[self._pre - 1 - self.prefix_offset]

@@ -214,3 +214,36 @@ def test_random_scenario(seed):
     from .oracle_fuzz import check_seed
 
     check_seed(seed)
+
+
+def test_same_topology_resume_after_an_elastic_resume_without_workers(tmp_path):
+    """Saved after an elastic resume had used part of its handed-over work, the state resumed on the
+    same topology with 0 workers failed: torch's single-process iterator resets the dataset before
+    loading the state, and the reset refused to restart the partly used plan. The refusal now comes
+    at the first slice, where a real restart (a break, then iter(loader)) still meets it."""
+    from tokenloom.pipes.loader import decode_state
+
+    from .oracle_fuzz import FuzzHop, Scenario, run_scenario
+
+    sc = Scenario(215, {"a": ("hf", 72)}, 16, 2, "bestfit", 16, 1,
+                  {"predict_bos": True, "eos": "<|eos|>", "cycle_exhausted": False},
+                  [FuzzHop(2, 0, 1, "json"), FuzzHop(4, 0, 4, "json"), FuzzHop(4, 0, "end", "json", as_dict=False)])
+    run_scenario(sc, str(tmp_path / "run"))
+    # A second pass keeps a rank going after its handed-over work is used up (and dropped from the plan).
+    corpus = make_corpus(str(tmp_path / "c"), {"a": ("hf", 300)}, row=17, seed=215)
+    build = builder(corpus, seq_len=16, batch_size=2, buffer_size=4, epochs=2)
+    tried = 0
+    for steps in (30,):
+        again = run_chain(build, [Hop(2, 0, 3), Hop(4, 0, steps)],
+                          Oracle(corpus, epochs=2, mode="bestfit", end_label=BOS))
+        for r, st in enumerate(again):
+            if not decode_state(st)["tokenloom"]["elastic"]["shards"]["0"]["sources"]["a"].get("dropped"):
+                continue  # this rank used none of its handed-over work yet
+            loader = build(r, 4, 0, None)
+            loader.load_state_dict(st)
+            if next(iter(loader), None) is None:
+                continue  # nothing left: no round to restart
+            tried += 1
+            with pytest.raises(RuntimeError, match="partly used up"):
+                next(iter(loader))  # a break, then a new iterator: the round cannot restart
+    assert tried, "no rank had used part of its handed-over work with data left: the restart is not tested"
