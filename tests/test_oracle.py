@@ -67,7 +67,7 @@ def test_one_epoch_delivers_every_token_once(corpora, packing, T, predict_bos):
 
 CHAINS = {
     # the chains: old ranks in different passes at the first save, then a save at once
-    "4x0-2x0:0-1x0 flat": (dict(packing="flat"), {"a": ("parquet", 120)}, 2,
+    "4x0-2x0:0-1x0 flat": (dict(packing="flat"), {"a": ("parquet", 80)}, 2,
                            [Hop(4, 0, 3), Hop(2, 0, 0), Hop(1, 0, None)]),
     "1x0-4x0:0-3x0 crop": (dict(packing="bestfit-crop", mix="interleave", weights={"a": 0.5, "b": 0.5}),
                            {"a": ("parquet", 300), "b": ("jsonl", 60)}, 2,

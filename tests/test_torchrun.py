@@ -232,3 +232,31 @@ def test_two_ranks_resume_from_a_padding_step_and_the_last_step(corpus, tok_path
                 assert items_equal(a, b), f"rank {r} resumed after step {step}: batch {step + j} differs"
             assert len(second) == len(want_second) and all(items_equal(a, b) for a, b in zip(second, want_second)), (
                 f"rank {r} resumed after step {step}: the next epoch differs")
+
+
+ORACLE_JOB = os.path.join(os.path.dirname(__file__), "oracle_dcp_job.py")
+
+
+@pytest.mark.slow
+def test_chained_elastic_dcp_resume_with_a_save_at_once(tmp_path):
+    """Issue 24's chain under real torchrun and DCP: 4 ranks save at step 3 of a 2-pass round; 2 ranks
+    load every old entry and save again before a step; 1 rank loads those and runs the round out.
+    Checked by the token-level oracle: every word of every document exactly twice."""
+    from .oracle import BOS, Oracle, make_corpus
+
+    corpus = make_corpus(str(tmp_path / "corpus"), {"a": ("parquet", 80)}, row=65, seed=3)
+    config = json.dumps({"sources": corpus.sources, "tokenizer": corpus.tokenizer, "bos": "<|bos|>", "seq_len": 64,
+                         "batch_size": 4, "packing": "flat", "epochs": 2, "num_workers": 0, "seed": 0})
+    out = tmp_path / "out"
+    out.mkdir()
+    ckpt = [str(tmp_path / f"ckpt{i}") for i in range(2)]
+    oracle = Oracle(corpus, epochs=2, mode="flat", end_label=BOS)
+    for mode, nproc, ckpt_in, ckpt_out in (("run", 4, "-", ckpt[0]), ("relay", 2, ckpt[0], ckpt[1]),
+                                           ("resume", 1, ckpt[1], "-")):
+        infos = _torchrun(mode, config, str(out), ckpt_in, ckpt_out, "3", job=ORACLE_JOB, nproc=nproc, timeout=180)
+        got = {r: torch.load(out / f"{mode}_rank{r}.pt", weights_only=True) for r in range(nproc)}
+        assert len({len(b) for b in got.values()}) == 1, f"{mode}: ranks took different numbers of steps: {infos}"
+        for k in range(len(got[0])):
+            for r in range(nproc):
+                oracle.feed(got[r][k], f"{mode} ({nproc} ranks) rank {r} step {k}", (mode, r))
+    oracle.finish()
