@@ -165,8 +165,11 @@ def make_corpus(root: str, spec: Dict[str, Tuple[str, int]], *, row: int, seed: 
     for name, (_, n) in spec.items():
         for length in doc_lengths(rng, n, row):
             if chat:
+                # messages of random lengths: conversations rarely share their markers' offsets, so a
+                # piece of markers alone (no word to name it) rarely fits two open conversations
                 k = rng.randint(1, 4)
-                parts = [max(1, length // k)] * k
+                cuts = sorted(rng.sample(range(1, length), k - 1)) if length > k else []
+                parts = [b - a for a, b in zip([0] + cuts, cuts + [length])] if cuts else [max(1, length)]
                 conv = [("user" if j % 2 == 0 else "assistant", take(m)) for j, m in enumerate(parts)]
                 if len(conv) == 1:
                     conv.append(("assistant", take(rng.randint(1, 8))))
@@ -210,6 +213,7 @@ class _Chain:
     doc: int
     next: int  # the offset the next piece must start at
     pieces: int = 0
+    stream: Any = None  # where its last piece came from
 
 
 @dataclass
@@ -233,6 +237,8 @@ class Oracle:
     # the stream they came in). Every conversation starts alike, so a continuation takes one of its own
     # stream (hop, rank) first: within a hop a document goes on where it started.
     floating: List[Tuple[np.ndarray, str, bool, Any]] = field(default_factory=list)
+    # Continuations with no open piece, to be matched with the floating starts at the end: (doc, start, where).
+    orphans: List[Tuple[int, int, str]] = field(default_factory=list)
     stream: Any = None
 
     def __post_init__(self):
@@ -315,16 +321,30 @@ class Oracle:
                                f"(documents {others[:4]}, offsets from {base})")
         return doc, base, None
 
-    def _special_only(self, tokens: np.ndarray, where: str, slot: bool) -> Tuple[int, int]:
-        """A piece without a word: it continues an open chain whose next tokens it holds, or it starts
-        a document (its BOS first); such a start is placed when its continuation arrives."""
-        for doc, chains in self.chains.items():
-            seq = self.seq[doc]
-            for c in chains:
-                if np.array_equal(seq[c.next:c.next + len(tokens)], tokens):
-                    return doc, c.next
+    def _fits(self, doc: int, base: int, tokens: np.ndarray, labels: np.ndarray, at_row_end: bool) -> bool:
+        """Whether a piece can be document ``doc`` from offset ``base``: its tokens, its labels, and
+        where it ends (a document is cut only at a row's end)."""
+        seq, mask = self.seq[doc], self.mask[doc]
+        end = base + len(tokens)
+        if end > len(seq) or not np.array_equal(seq[base:end], tokens):
+            return False
+        if not np.array_equal(labels[:-1], np.where(mask[base + 1:end], tokens[1:], IGNORE)):
+            return False
+        if end == len(seq):
+            return int(labels[-1]) == self.end_label
+        return at_row_end and int(labels[-1]) in (int(seq[end]) if mask[end] else IGNORE,)
+
+    def _special_only(self, tokens: np.ndarray, labels: np.ndarray, where: str, at_row_end: bool) -> Tuple[int, int]:
+        """A piece without a word: it continues an open chain it fits (tokens, labels, where it ends;
+        one of its own stream first), or it starts a document (its BOS first); such a start is placed
+        when its continuation arrives."""
+        fits = [c for chains in self.chains.values() for c in chains
+                if self._fits(c.doc, c.next, tokens, labels, at_row_end)]
+        if fits:
+            c = min(fits, key=lambda c: c.stream != self.stream)
+            return c.doc, c.next
         if tokens[0] == BOS:
-            self.floating.append((tokens, where, slot, self.stream))
+            self.floating.append((tokens, where, at_row_end and int(labels[-1]) == IGNORE, self.stream))
             return -1, 0
         self._err(where, f"a segment of special tokens {tokens.tolist()} that continues no document")
         return -1, 0
@@ -339,7 +359,7 @@ class Oracle:
         elif e == T - 1 and last_label >= FIRST_WORD:
             doc, base, problem = self._attribute(np.append(tokens, last_label))
         else:
-            doc, base = self._special_only(tokens, where, e == T - 1 and last_label == IGNORE)
+            doc, base = self._special_only(tokens, lab[s:e + 1], where, e == T - 1)
             problem = None
             if doc < 0:
                 return
@@ -373,7 +393,7 @@ class Oracle:
         n_tok = len(self.seq[doc])
         crop = self.mode == "bestfit-crop"
         if start == 0:
-            chain = _Chain(doc, end, 1)
+            chain = _Chain(doc, end, 1, self.stream)
             if crop:
                 self._close(doc, where)
                 return
@@ -385,16 +405,11 @@ class Oracle:
             open_ = self.chains.get(doc, [])
             chain = next((c for c in open_ if c.next == start), None)
             if chain is None:
-                seq, mask = self.seq[doc], self.mask[doc]
-                # a special-only start piece, placed now: the chain began there (and, where its row's
-                # label slot went unseen, that slot held the document's next token, not a target)
-                fits = [i for i, (toks, _, slot, _) in enumerate(self.floating)
-                        if np.array_equal(seq[:len(toks)], toks)
-                        and (start == len(toks) or slot and start == len(toks) + 1 and not mask[len(toks)])]
-                placed = min(fits, key=lambda i: (self.floating[i][3] != self.stream, i)) if fits else None
-                if placed is not None:
-                    del self.floating[placed]
-                    chain = _Chain(doc, start, 1)
+                if any(self._starts(f, doc, start) for f in self.floating):
+                    # It began with a piece of markers only; which one is settled at the end (`finish`):
+                    # every conversation starts alike.
+                    self.orphans.append((doc, start, where))
+                    chain = _Chain(doc, start, 1, self.stream)
                     self.chains[doc].append(chain)
                 elif not open_:
                     self._err(where, f"document {doc} continues at offset {start}, but no piece of it is open "
@@ -407,10 +422,42 @@ class Oracle:
                     lo, hi = sorted((chain.next, start))
                     self._err(where, f"document {doc} continues at offset {start} where it stood at {chain.next}: "
                                      f"offsets {lo}..{hi - 1} {what}")
-            chain.next, chain.pieces = end, chain.pieces + 1
+            chain.next, chain.pieces, chain.stream = end, chain.pieces + 1, self.stream
         if chain.next >= n_tok:
             self.chains[doc].remove(chain)
             self._close(doc, where)
+
+    def _starts(self, floating: Tuple[np.ndarray, str, bool, Any], doc: int, start: int) -> bool:
+        """Whether a floating start piece can be document ``doc``'s first piece, its next at ``start``
+        (where the row's label slot went unseen, that slot held the document's next token, untrained)."""
+        toks, _, slot, _ = floating
+        seq, mask = self.seq[doc], self.mask[doc]
+        n = len(toks)
+        return (np.array_equal(seq[:n], toks)
+                and (start == n or slot and start == n + 1 and n < len(seq) and not mask[n]))
+
+    def _match_starts(self, complete: bool) -> None:
+        """Pair every continuation that had no open piece with a floating start (a bipartite matching)."""
+        fits = [[j for j, f in enumerate(self.floating) if self._starts(f, doc, start)]
+                for doc, start, _ in self.orphans]
+        owner: Dict[int, int] = {}
+
+        def place(i: int, seen: set) -> bool:
+            for j in fits[i]:
+                if j not in seen:
+                    seen.add(j)
+                    if j not in owner or place(owner[j], seen):
+                        owner[j] = i
+                        return True
+            return False
+
+        for i, (doc, start, where) in enumerate(self.orphans):
+            if not place(i, set()):
+                self._err(where, f"document {doc} continues at offset {start}, and no start piece is left for it")
+        if complete:
+            for j, (toks, where, _, _) in enumerate(self.floating):
+                if j not in owner:
+                    self._err(where, f"a segment {toks.tolist()} starts a document whose rest never came")
 
     def _close(self, doc: int, where: str) -> None:
         self.done[doc] += 1
@@ -419,8 +466,7 @@ class Oracle:
 
     def finish(self, *, complete: bool = True) -> None:
         """Raise AssertionError listing what went wrong. ``complete``: the round ran to its end."""
-        for tokens, where, _, _ in self.floating:
-            self._err(where, f"a segment {tokens.tolist()} starts a document whose rest never came")
+        self._match_starts(complete and self.epochs is not None)
         if complete and self.epochs is not None:
             names = set(self.names or self.corpus.sources)
             crop = self.mode == "bestfit-crop"
