@@ -15,15 +15,14 @@ the documents' tokens (BOS + the tokenizer's ids): equal as multisets for ``flat
 ``bestfit``; for ``bestfit-crop`` a sub-multiset in which every segment is the beginning
 of its document. In every mode each document starts exactly once (a BOS, then its id).
 
-Why the rows are rebuilt with ``end_label=None``: a row's last token is not an input, and
-its label (``labels[:, -1]``) is overwritten by the end label (BOS or -100) whenever the
-last input ends a segment. Best-fit fills a one-token gap at the end of a row with one
-token of a long document, which is then in neither ``input_ids`` nor ``labels``: in one
-1x0 epoch of sources a and b here, 19 tokens of 63,102 (and 12 BOS in a row's last slot)
-are invisible that way, so the multiset would be short by tokens no batch shows. ``end_label=None`` (a
-`PackedGraph` field, the label rule of a hand-built graph) keeps ``labels = row[1:]``
-(-100 only before padding), which changes no row, position or state; `_full_rows` sets it
-and `_rows` checks, on every batch, that the labels still follow that rule.
+Why the rows are rebuilt with ``end_label=None``: it makes a row's last label its last token
+whatever precedes it, so a row is its ``seq_len + 1`` tokens and documents count as multisets.
+That switches off the rule that once lost tokens here: a long document's token in a row's last
+slot, after a whole document, was overwritten by the end label (issue 24). The packers now leave
+that slot empty; tests/oracle.py (test_oracle.py) checks batches with the rule on, as a training
+loop reads them. ``end_label=None`` (a `PackedGraph` field, the label rule of a hand-built graph)
+changes no row, position or state; `_full_rows` sets it and `_rows` checks, on every batch, that
+the labels still follow that rule.
 """
 
 from __future__ import annotations
