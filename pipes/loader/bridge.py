@@ -43,7 +43,7 @@ from ..base import StateError
 from .direct_queue import direct_context
 from .elastic import CARRY, OldShard, apply_carry, plan_shards, trimmed, worker_trees
 from ..sources.fingerprint import check_sources
-from .wire import WireBatch, unwrap
+from .wire import DROP_KEY, STALE_KEY, STALE_MESSAGE, STATS_KEY, WireBatch, public_batch  # noqa: F401 (re-exported)
 from .snapshot import WholeState, keep_snapshots_flat, nested_snapshot
 from .wire_ring import BatchRing, make_rings, uses_fork
 from .worker_memory import settle_worker_malloc
@@ -57,13 +57,6 @@ from .worker_threads import single_thread_tokenizers
 STATE_VERSION = 5
 STATE_FORMAT = "tokenloom.loader"
 
-#: Batches may carry their worker's cumulative statistics under this key; the loader
-#: removes it before the batch reaches the training loop.
-STATS_KEY = "_tokenloom_stats"
-#: A "batch" holding only this key (and statistics) is dropped by the loader after it took
-#: the statistics: how a worker reports what it dropped (a final partial batch) without
-#: the training loop seeing it.
-DROP_KEY = "_tokenloom_drop"
 
 # torchdata's own key for "this iterator ran to its end" (stateful_dataloader.py).
 _ITERATOR_FINISHED = "_iterator_finished"
@@ -120,6 +113,11 @@ class NodeDataset(IterableDataset):
         self._failed: Optional[Exception] = None
         # One shared-memory ring per worker (wire_ring.py), made before the workers fork.
         self.rings: Optional[List[BatchRing]] = None
+        # Set by tokenloom's loader when it starts iterating (forks, or takes batches in-process):
+        # only then do batches carry the statistics key and use the rings. A DataLoader a framework
+        # re-creates around this dataset (workers forked later, or in-process before tokenloom's
+        # loader ran) gets the public batch dicts and sends through the pipe.
+        self.armed = False
 
     @property
     def round(self) -> int:
@@ -176,18 +174,22 @@ class NodeDataset(IterableDataset):
     def __next__(self):
         if self._failed is not None:
             _raise_portable(self._failed)
-        try:
-            batch = next(self._root)
-        except StopIteration:
-            raise
-        except Exception as e:
-            _raise_portable(e)
+        batch = None
+        while batch is None:
+            try:
+                batch = next(self._root)
+            except StopIteration:
+                raise
+            except Exception as e:
+                _raise_portable(e)
+            if not self.armed:
+                batch = public_batch(batch)  # None: a dropped-batch report, for tokenloom's loader only
         # Numpy crosses the process boundary ~5x cheaper than tensors, shared memory cheaper
-        # still (see wire.py, wire_ring.py).
+        # still (see wire.py, wire_ring.py); it arrives as the batch dict.
         info = get_worker_info()
         if info is None:
             return batch
-        return WireBatch(batch, self.rings[info.id] if self.rings else None)
+        return WireBatch(batch, self.rings[info.id] if self.rings and self.armed else None)
 
     def state_dict(self) -> Dict[str, Any]:
         # A graph that failed to build has no position (its error comes with the first batch).
@@ -351,7 +353,12 @@ class TokenLoomLoader(StatefulDataLoader):
         # so the workers of an iterator still alive cannot write into the new ones.
         if self.ring_bytes and uses_fork(self.multiprocessing_context):
             self.dataset.rings = make_rings(self.num_workers, self.ring_bytes)
-        return keep_snapshots_flat(super()._get_iterator())
+        self.dataset.armed = True
+        try:
+            return keep_snapshots_flat(super()._get_iterator())
+        finally:
+            if self.num_workers > 0:
+                self.dataset.armed = False  # its workers are forked: later forks are not tokenloom's
 
     def _see(self, batch: Any, count: bool = True) -> Any:
         if isinstance(batch, dict) and STATS_KEY in batch:
@@ -686,13 +693,15 @@ class _StatsIterator:
     def _next_kept(self):
         while True:
             try:
-                batch = unwrap(next(self._it))
+                batch = next(self._it)
             except StopIteration:
                 raise
             except Exception:
                 self._stop_workers()
                 raise
-            if isinstance(batch, dict) and DROP_KEY in batch:
+            if isinstance(batch, dict) and (STALE_KEY in batch or DROP_KEY in batch):
+                if STALE_KEY in batch:
+                    raise RuntimeError(STALE_MESSAGE)
                 self._loader._see(batch, count=False)
                 continue
             return batch

@@ -23,6 +23,12 @@ Where the workers were forked, the arrays skip the pipe: each worker writes them
 into a shared-memory ring and the queue carries only their places
 (`wire_ring`); the pipe is the fallback for whatever does not fit.
 
+What arrives (is unpickled) is the batch dict itself, never a wire object. So a DataLoader
+other than tokenloom's, one a framework re-creates around ``loader.dataset`` (Accelerate, a
+trainer's own StatefulDataLoader subclass), gets the batch dicts tokenloom's loader yields; its
+workers (not forked by tokenloom's loader, see `NodeDataset.armed`) leave out the statistics
+key, which only tokenloom's loader reads and removes.
+
 Trade-off: a batch larger than a few MB would be cheaper through shared memory
 (a pipe copy is ~1 GB/s here); token batches are 0.1-2 MB. Tensors numpy cannot
 hold (bfloat16) and anything that is not a tensor travel unchanged.
@@ -37,6 +43,29 @@ import torch
 
 
 from . import wire_ring
+
+#: Where a graph puts its worker's statistics in a batch (stats.py); tokenloom's loader takes them
+#: out before the batch reaches the training loop (they travel as `LoaderBatch.stats`).
+STATS_KEY = "_tokenloom_stats"
+#: A "batch" holding only this key (and statistics) is dropped by the loader after it took
+#: the statistics: how a worker reports what it dropped (a final partial batch) without
+#: the training loop seeing it.
+DROP_KEY = "_tokenloom_drop"
+
+
+#: Marks a batch whose arrays were in shared memory a newer iterator replaced (raised where the
+#: loop takes it, not inside the queue's get).
+STALE_KEY = "_tokenloom_stale"
+
+
+def public_batch(batch: Any) -> Any:
+    """A graph's batch for a DataLoader other than tokenloom's: without the statistics key (None
+    for a dropped-batch report, which only tokenloom's loader reads)."""
+    if not isinstance(batch, dict) or (STATS_KEY not in batch and DROP_KEY not in batch):
+        return batch
+    if DROP_KEY in batch:
+        return None
+    return {k: v for k, v in batch.items() if k != STATS_KEY}
 
 
 def _to_numpy(obj: Any) -> Any:
@@ -69,8 +98,7 @@ def _arrays(obj: Any, out: List["_Array"]) -> List["_Array"]:
 def _to_torch(obj: Any, pin: bool) -> Any:
     if isinstance(obj, _Array):
         if obj.array is None:
-            raise RuntimeError("a batch sent by a worker of an earlier iterator arrived after a new iter(loader) "
-                               "replaced its shared memory; use the iterator returned by the latest iter(loader)")
+            raise _Stale(STALE_MESSAGE)
         t = torch.from_numpy(obj.array)
         return t.pin_memory() if pin else t
     if isinstance(obj, torch.Tensor):
@@ -115,9 +143,9 @@ def _from_ring(token: str, offset: int, dtype: str, shape: Tuple[int, ...], wide
 
 
 class WireBatch:
-    """A batch in transit; `tensors` (or `pin_memory`) gives back the batch the graph built.
-    Made in a worker with its `wire_ring.BatchRing`, the arrays go through shared memory
-    where they fit."""
+    """A batch in transit from a worker; it arrives (is unpickled) as the batch the graph built.
+    Made with the worker's `wire_ring.BatchRing`, the arrays go through shared memory where
+    they fit."""
 
     __slots__ = ("payload", "_freed_to")
 
@@ -137,24 +165,30 @@ class WireBatch:
         return _from_payload, (self.payload, self._freed_to)
 
     def tensors(self) -> Any:
-        return _to_torch(self.payload, pin=False)
-
-    def pin_memory(self, device: Any = None) -> Any:
-        # Called by the DataLoader's pin-memory thread (torch checks for a pin_memory method
-        # before anything else), so the main thread receives pinned tensors.
-        return _to_torch(self.payload, pin=True)
+        """The batch as it arrives, without crossing a process (tests)."""
+        return _from_payload(self.payload, None)
 
 
-def _from_payload(payload: Any, freed_to: Optional[Tuple[str, int]] = None) -> WireBatch:
+def _from_payload(payload: Any, freed_to: Optional[Tuple[str, int]] = None) -> Any:
     # Unpickled after its arrays (pickle builds the arguments first): they are copied out,
     # so the ring's space up to this batch's end is free.
     if freed_to is not None:
         ring = wire_ring.ring_of(freed_to[0])
         if ring is not None:
             ring.free_to(freed_to[1])
-    w = WireBatch.__new__(WireBatch)
-    w.payload, w._freed_to = payload, None
-    return w
+    try:
+        return _to_torch(payload, pin=False)
+    except _Stale:
+        # Raised where the loop takes the batch (bridge.py), not here, inside the queue's get.
+        return {STALE_KEY: True}
+
+
+class _Stale(RuntimeError):
+    pass
+
+
+STALE_MESSAGE = ("a batch sent by a worker of an earlier iterator arrived after a new iter(loader) replaced its "
+                 "shared memory; use the iterator returned by the latest iter(loader)")
 
 
 def unwrap(batch: Any) -> Any:
