@@ -237,6 +237,8 @@ class Oracle:
     # the stream they came in). Every conversation starts alike, so a continuation takes one of its own
     # stream (hop, rank) first: within a hop a document goes on where it started.
     floating: List[Tuple[np.ndarray, str, bool, Any]] = field(default_factory=list)
+    # Marker-only pieces that fit several open conversations: (tokens, labels, at the row's end, where).
+    pending: List[Tuple[np.ndarray, np.ndarray, bool, str]] = field(default_factory=list)
     # Continuations with no open piece, to be matched with the floating starts at the end: (doc, start, where).
     orphans: List[Tuple[int, int, str]] = field(default_factory=list)
     stream: Any = None
@@ -335,19 +337,59 @@ class Oracle:
         return at_row_end and int(labels[-1]) in (int(seq[end]) if mask[end] else IGNORE,)
 
     def _special_only(self, tokens: np.ndarray, labels: np.ndarray, where: str, at_row_end: bool) -> Tuple[int, int]:
-        """A piece without a word: it continues an open chain it fits (tokens, labels, where it ends;
-        one of its own stream first), or it starts a document (its BOS first); such a start is placed
-        when its continuation arrives."""
-        fits = [c for chains in self.chains.values() for c in chains
-                if self._fits(c.doc, c.next, tokens, labels, at_row_end)]
-        if fits:
-            c = min(fits, key=lambda c: c.stream != self.stream)
-            return c.doc, c.next
+        """A piece without a word: it continues the one open chain it fits (tokens, labels, where it
+        ends), or it starts a document (its BOS first; placed when its continuation arrives); where
+        several chains fit (conversations share markers), it waits in `pending` until a later piece
+        of one of them needs it to bridge a gap, or the end closes a chain with it."""
         if tokens[0] == BOS:
             self.floating.append((tokens, where, at_row_end and int(labels[-1]) == IGNORE, self.stream))
             return -1, 0
-        self._err(where, f"a segment of special tokens {tokens.tolist()} that continues no document")
+        fits = [c for chains in self.chains.values() for c in chains
+                if self._fits(c.doc, c.next, tokens, labels, at_row_end)]
+        if len(fits) == 1 and not self._after_a_floating_start(tokens, labels, at_row_end):
+            return fits[0].doc, fits[0].next
+        self.pending.append((tokens, labels, at_row_end, where))
         return -1, 0
+
+    def _start_ends(self, floating: Tuple[np.ndarray, str, bool, Any], doc: int) -> List[int]:
+        """Where document ``doc`` goes on after a floating start piece, if that piece can be its start."""
+        toks, _, slot, _ = floating
+        seq, mask = self.seq[doc], self.mask[doc]
+        n = len(toks)
+        if not np.array_equal(seq[:n], toks):
+            return []
+        return [n] + ([n + 1] if slot and n < len(seq) and not mask[n] else [])
+
+    def _after_a_floating_start(self, tokens, labels, at_row_end) -> bool:
+        """Whether the piece could come right after a start not yet placed (so its document has no
+        open chain yet, and a lone fitting chain may not be its own)."""
+        return any(self._fits(d, n0, tokens, labels, at_row_end)
+                   for f in self.floating for d in range(len(self.seq)) for n0 in self._start_ends(f, d))
+
+    def _span(self, doc: int, base: int, n: int, last_label: int, at_row_end: bool) -> int:
+        """The offset after a piece of ``n`` inputs from ``base``: one more where the row's label
+        slot held the document's next token (a target, or for a conversation an untrained token)."""
+        seq, mask = self.seq[doc], self.mask[doc]
+        end = base + n
+        if end < len(seq) and at_row_end and last_label == (int(seq[end]) if mask[end] else IGNORE) \
+                and (mask[end] or self.corpus.chats is not None):
+            end += 1
+        return end
+
+    def _bridge(self, chain: "_Chain", to: Optional[int]) -> bool:
+        """Advance ``chain`` with one waiting marker piece that fits at its offset and ends at ``to``
+        (None: at the document's end)."""
+        seq = self.seq[chain.doc]
+        for i, (tokens, labels, at_row_end, _) in enumerate(self.pending):
+            if not self._fits(chain.doc, chain.next, tokens, labels, at_row_end):
+                continue
+            end = self._span(chain.doc, chain.next, len(tokens), int(labels[-1]), at_row_end)
+            if end == (len(seq) if to is None else to):
+                del self.pending[i]
+                self.delivered += end - chain.next
+                chain.next, chain.pieces = end, chain.pieces + 1
+                return True
+        return False
 
     def _piece(self, inp, lab, s: int, e: int, where: str) -> None:
         T = len(inp)
@@ -405,10 +447,18 @@ class Oracle:
             open_ = self.chains.get(doc, [])
             chain = next((c for c in open_ if c.next == start), None)
             if chain is None:
-                if any(self._starts(f, doc, start) for f in self.floating):
+                chain = next((c for c in open_ if c.next < start and self._bridge(c, start)), None)
+            if chain is None:
+                began = start if any(self._starts(f, doc, start) for f in self.floating) else None
+                if began is None:  # a start, then a waiting marker piece, then this one
+                    for n0 in sorted({n for f in self.floating for n in self._start_ends(f, doc)}):
+                        if n0 < start and self._bridge(_Chain(doc, n0), start):
+                            began = n0
+                            break
+                if began is not None:
                     # It began with a piece of markers only; which one is settled at the end (`finish`):
                     # every conversation starts alike.
-                    self.orphans.append((doc, start, where))
+                    self.orphans.append((doc, began, where))
                     chain = _Chain(doc, start, 1, self.stream)
                     self.chains[doc].append(chain)
                 elif not open_:
@@ -467,6 +517,14 @@ class Oracle:
     def finish(self, *, complete: bool = True) -> None:
         """Raise AssertionError listing what went wrong. ``complete``: the round ran to its end."""
         self._match_starts(complete and self.epochs is not None)
+        for chains in list(self.chains.values()):
+            for c in list(chains):
+                if self._bridge(c, None):  # a waiting marker piece was its last
+                    chains.remove(c)
+                    self._close(c.doc, "end")
+        if complete and self.epochs is not None:
+            for tokens, _, _, where in self.pending:
+                self._err(where, f"a segment of chat markers {tokens.tolist()} that continues no document")
         if complete and self.epochs is not None:
             names = set(self.names or self.corpus.sources)
             crop = self.mode == "bestfit-crop"

@@ -171,6 +171,25 @@ def test_the_oracle_catches_a_dropped_and_a_repeated_batch(corpora, packing):
         twice.finish()
 
 
+def test_the_oracle_catches_a_dropped_and_a_repeated_batch_of_conversations(tmp_path):
+    from tokenloom.recipes import ChatTemplate, sft
+
+    corpus = make_corpus(str(tmp_path), {"a": ("jsonl", 120)}, row=33, seed=9, chat=True)
+    template = ChatTemplate(roles={"user": "<|user|>", "assistant": "<|assistant|>"}, end="<|end|>", bos="<|bos|>")
+    batches = list(sft(corpus.sources, tokenizer=corpus.tokenizer, template=template, seq_len=32, batch_size=2,
+                       epochs=1, long_conversations="split", buffer_size=16))
+    for label, chosen in (("whole", batches), ("dropped", batches[:5] + batches[6:]),
+                          ("repeated", batches[:6] + batches[5:])):
+        oracle = Oracle(corpus, epochs=1, mode="bestfit", end_label=IGNORE)
+        for k, b in enumerate(chosen):
+            oracle.feed(b, f"step {k}", 0)
+        if label == "whole":
+            oracle.finish()
+        else:
+            with pytest.raises(AssertionError):
+                oracle.finish()
+
+
 def test_the_oracle_catches_a_wrong_label(corpora):
     corpus = corpora(64)
     batch = next(iter(builder(corpus, seq_len=64, packing="bestfit")(0, 1, 0, None)))
