@@ -274,6 +274,24 @@ class TokenLoomLoader(StatefulDataLoader):
     #: Where the current round stands: this rank still has data; this rank's data ended and
     #: it yields padding batches until every rank's has (rank_sync); the round has ended.
     DATA, PADDING, OVER = "data", "padding", "over"
+    #: Accelerate saves and loads this loader's own state_dict() with save_state/load_state
+    #: (tokenloom/integrations/accelerate.py).
+    use_stateful_dataloader = True
+    #: Set by Accelerate's prepare (integrations/accelerate.py): the device batches are put on.
+    batch_device: Optional[torch.device] = None
+
+    @property
+    def _is_accelerate_prepared(self) -> bool:
+        # Accelerate's prepare() asks this before re-creating a DataLoader around .dataset (a
+        # rank-0 dispatcher or a second sharding): yes, keep this loader as it is.
+        from tokenloom.integrations.accelerate import on_prepare
+
+        on_prepare(self)
+        return True
+
+    @_is_accelerate_prepared.setter
+    def _is_accelerate_prepared(self, value: bool) -> None:
+        pass  # Accelerate marks what it prepared; this loader always counts as prepared
 
     def __init__(self, factory: GraphFactory, *, config: Mapping[str, Any], rank: int = 0, world_size: int = 1,
                  num_workers: int = 0, stats_keys: Sequence[str] = (), stats_min_keys: Sequence[str] = (),
@@ -365,8 +383,17 @@ class TokenLoomLoader(StatefulDataLoader):
             worker, *counters = batch.pop(STATS_KEY)
             self._worker_stats[str(worker)] = counters
         if count:
+            batch = self._place(batch)
+        if count:
             self._steps += 1
         return batch
+
+    def _place(self, batch: Any) -> Any:
+        """The batch on `batch_device` (Accelerate's), else as it is."""
+        if self.batch_device is None or not isinstance(batch, dict):
+            return batch
+        return {k: v.to(self.batch_device, non_blocking=self.pin_memory) if isinstance(v, torch.Tensor) else v
+                for k, v in batch.items()}
 
     def stats(self) -> Dict[str, Any]:
         """Cumulative counters over the batches this loader has handed to the training
@@ -749,7 +776,7 @@ class _StatsIterator:
         if batch is None:
             loader._padding_batches += 1
             loader._round_padding += 1
-            return loader.padding_batch()
+            return loader._place(loader.padding_batch())
         return loader._see(batch)
 
     def __getattr__(self, name):  # state_dict(), _finished, ... of the underlying iterator
