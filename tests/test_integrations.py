@@ -71,3 +71,31 @@ def test_batches_go_to_accelerates_device(corpus, tok_path, monkeypatch):
     prepared = accelerator.prepare(loader)
     batch = next(iter(prepared))
     assert all(v.device.type == "meta" for v in batch.values() if isinstance(v, torch.Tensor))
+
+
+# --- Hugging Face Trainer --------------------------------------------------------------------------
+
+def test_hf_trainer_resumes_from_its_own_checkpoint_exactly(corpus, tok_path, tmp_path):
+    out_dir, run, resumed = str(tmp_path / "out"), str(tmp_path / "run.json"), str(tmp_path / "resumed.json")
+    _job("hf_job.py", "run", corpus[0], tok_path, out_dir, run, str(STEPS), str(K))
+    assert os.path.exists(os.path.join(out_dir, f"checkpoint-{K}", "tokenloom_loader_rank0.json"))
+    _job("hf_job.py", "resume", corpus[0], tok_path, out_dir, resumed, str(STEPS), str(K))
+    _check(read(run), read(resumed), "Trainer")
+
+
+def test_hf_trainer_refuses_a_checkpoint_without_the_loader_state(corpus, tok_path, tmp_path):
+    from tokenloom.integrations.hf import load_loader_state
+
+    with pytest.raises(ValueError, match="holds no tokenloom loader state"):
+        load_loader_state(build_loader(corpus[0], tok_path), str(tmp_path))
+
+
+# --- PyTorch Lightning ------------------------------------------------------------------------------
+
+def test_lightning_resumes_from_a_mid_epoch_checkpoint_exactly(corpus, tok_path, tmp_path):
+    """Lightning fetches a batch ahead: the loader's own state at a checkpoint resumed one batch
+    late (the uninterrupted run's step 6 came first, step 5 was never trained)."""
+    ckpt, run, resumed = str(tmp_path / "ckpt"), str(tmp_path / "run.json"), str(tmp_path / "resumed.json")
+    _job("lightning_job.py", "run", corpus[0], tok_path, ckpt, run, str(STEPS), str(K))
+    _job("lightning_job.py", "resume", corpus[0], tok_path, ckpt, resumed, str(STEPS), str(K))
+    _check(read(run), read(resumed), "Lightning")
