@@ -16,7 +16,7 @@ Trade-off: one ``isinstance`` per argument per loader built (~1 µs), nothing pe
 from __future__ import annotations
 
 import numbers
-from typing import Any, Optional
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 
 def check_int(name: str, value: Any, minimum: Optional[int] = None, *, none_ok: bool = False,
@@ -45,3 +45,47 @@ def check_int(name: str, value: Any, minimum: Optional[int] = None, *, none_ok: 
         none = f" or None ({none_means})" if none_ok and none_means else " or None" if none_ok else ""
         raise ValueError(f"{name}={value!r} must be >= {minimum}{none}")
     return value
+
+
+def per_source(name: str, value: Any, sources: Sequence[str], *, kind: type = str,
+               what: str = "a column name") -> Dict[str, Any]:
+    """A setting that may differ per source, as ``{source: value}``: one ``value`` for every
+    source, or a mapping that names each source once (``text_column={"stories": "story",
+    "web": "text"}``). A mapping with a missing or an unknown name is a `ValueError` naming it
+    and the sources; a value that is not a ``kind`` is a `TypeError`."""
+    sources = list(sources)
+    if isinstance(value, Mapping):
+        unknown = [n for n in value if n not in sources]
+        missing = [n for n in sources if n not in value]
+        if unknown or missing:
+            wrong = "; ".join(([f"names unknown source(s) {unknown}"] if unknown else [])
+                              + ([f"leaves out {missing}"] if missing else []))
+            raise ValueError(f"{name}={dict(value)!r} {wrong}; the sources are {sources}: give one value for all of "
+                             f"them, or {{source name: value}} for each")
+        out = {n: value[n] for n in sources}
+    else:
+        out = dict.fromkeys(sources, value)
+    for source, v in out.items():
+        if not isinstance(v, kind):
+            shown = f"{name}={value!r}" if not isinstance(value, Mapping) else f"{name}[{source!r}]={v!r}"
+            raise TypeError(f"{shown} must be {what} ({kind.__name__}), or {{source name: {what}}} to set it per "
+                            f"source; got a {type(v).__name__}")
+    return out
+
+
+def per_source_changes(key: str, old: Any, new: Any, hint: str) -> Optional[List[str]]:
+    """For a loader's configuration: the sources whose setting ``key`` differs between a saved
+    state and this loader, one line each, where either side records it per source
+    (``{source: value}``; a single value stands for every source). None when neither does
+    (the caller compares the values as they are)."""
+    if not isinstance(old, Mapping) and not isinstance(new, Mapping):
+        return None
+    names = list(dict.fromkeys([*(old if isinstance(old, Mapping) else ()), *(new if isinstance(new, Mapping) else ())]))
+    absent = "<absent>"
+    lines = []
+    for n in names:
+        a = old.get(n, absent) if isinstance(old, Mapping) else old
+        b = new.get(n, absent) if isinstance(new, Mapping) else new
+        if a != b:
+            lines.append(f"{key}: source {n!r}: saved with {a!r}, this loader has {b!r} ({hint})")
+    return lines

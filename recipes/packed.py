@@ -23,7 +23,7 @@ import torch
 
 from tokenloom.pipes.batch import IGNORE_INDEX, Batch, collate_rows
 from tokenloom.pipes.chat import RenderChat
-from tokenloom.pipes.check_args import check_int
+from tokenloom.pipes.check_args import check_int, per_source
 from tokenloom.pipes.loader.elastic import STEP, prefix_of
 from tokenloom.pipes.loader.bridge import ShardContext, TokenLoomLoader
 from tokenloom.pipes.mix import STOPS, STRATEGIES, UNITS, Mix
@@ -353,7 +353,7 @@ def packed_loader(
     seed: int,
     rank: Optional[int],
     world_size: Optional[int],
-    text_column: str,
+    text_column: Union[str, Mapping[str, str]],
     eos: Union[str, int, None],
     mix: str,
     weights_unit: str,
@@ -361,7 +361,7 @@ def packed_loader(
     cycle_exhausted: bool,
     pattern: Optional[Sequence[str]],
     burst: int,
-    text_mode: str,
+    text_mode: Union[str, Mapping[str, str]],
     rank_sync: Optional[RankSync],
     chat: Any = None,
     long_conversations: str = "truncate",
@@ -402,9 +402,11 @@ def packed_loader(
     schedule = normalize_schedule(weights, names)
     manifests = _manifests(manifest, names)
     num_shards = world_size * max(num_workers, 1)
+    columns = per_source("text_column" if chat is None else "messages_field", text_column, names)
+    modes = per_source("text_mode", text_mode, names, what="a text mode")
     plans = []
     for name, spec in named.items():
-        plan = plan_source(name, spec, column=text_column, text_mode=text_mode,
+        plan = plan_source(name, spec, column=columns[name], text_mode=modes[name],
                            require_type=str if chat is None else list, manifest=manifests.get(name))
         check_shardable(plan.total_rows, num_shards, f"source {name!r}")
         plans.append(plan)
@@ -428,6 +430,7 @@ def packed_loader(
     graph = PackedGraph(plans, encoder, bos_id, eos_id, seq_len, batch_size, packing, buffer_size, seed, epochs,
                         pad_id, weights, mix, weights_unit, stop, cycle_exhausted, pattern, burst, chat,
                         long_conversations, end_label, buffer_tokens)
+    texts = {n: f"column={columns[n]} mode={modes[n]}" for n in names}
     config: Dict[str, Any] = {
         "world_size": world_size,
         "rank": rank,
@@ -442,7 +445,8 @@ def packed_loader(
         "epochs": epochs,
         "sources": {p.name: p.fingerprint for p in plans},
         "source_order": names,
-        "text": f"column={text_column} mode={text_mode}",
+        # one entry for every source, or {name: entry} where they differ (a change names the source)
+        "text": texts[names[0]] if len(set(texts.values())) == 1 else texts,
         "tokenizer": f"{encoder.fingerprint} bos={bos_id} eos={eos_id}",
         "chat": None if chat is None else f"{describe_template(chat)} long={long_conversations}",
         "mix": None if len(plans) == 1 else (f"{mix} unit={weights_unit} stop={stop} cycle={cycle_exhausted} "

@@ -30,7 +30,7 @@ def pretrain(
     seed: int = 0,
     rank: Optional[int] = None,
     world_size: Optional[int] = None,
-    text_column: str = "text",
+    text_column: Union[str, Mapping[str, str]] = "text",
     eos: Union[str, int, None] = None,
     mix: str = "interleave",
     weights_unit: str = "tokens",
@@ -38,7 +38,7 @@ def pretrain(
     cycle_exhausted: bool = True,
     pattern: Optional[Sequence[str]] = None,
     burst: int = 1,
-    text_mode: str = "file",
+    text_mode: Union[str, Mapping[str, str]] = "file",
     rank_sync: Optional[RankSync] = None,
     manifest: Union[str, Mapping[str, str], None] = None,
     predict_bos: bool = True,
@@ -56,6 +56,9 @@ def pretrain(
     Returns a `TokenLoomLoader` (a `StatefulDataLoader`): iterate it for batches,
     save ``loader.state_dict()`` with the model, and ``load_state_dict`` it into a
     loader built with the same arguments to continue with the exact next batch.
+    ``text_column`` (parquet column, JSON field) and ``text_mode`` (text files: ``"file"`` or
+    ``"paragraphs"``): one value for every source, or ``{name: value}`` naming each source
+    (``text_column={"stories": "story", "web": "text"}``).
     ``manifest`` is the path of a parquet index ``tokenloom index --out`` wrote away from
     the data (``{name: path}`` with several sources); an index in the directory a source
     resolves under is used without it.

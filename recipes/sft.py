@@ -43,7 +43,7 @@ def sft(
     seed: int = 0,
     rank: Optional[int] = None,
     world_size: Optional[int] = None,
-    messages_field: str = "messages",
+    messages_field: Union[str, Mapping[str, str]] = "messages",
     long_conversations: str = "truncate",
     mix: str = "interleave",
     weights_unit: str = "tokens",
@@ -63,7 +63,8 @@ def sft(
     where the tokenizer has those tokens, as the shipped one does, else ChatML), a `ChatTemplate`, a
     `JinjaTemplate`, ``"chatml"`` or ``"demo"``, the path of a Jinja file, a ``tokenizer_config.json``
     or a tokenizer directory, or a callable ``(messages, encoder) -> (ids, mask)``. ``bos``: a token
-    string or id that replaces the template's BOS (a Jinja template's ``bos_token``).
+    string or id that replaces the template's BOS (a Jinja template's ``bos_token``). ``messages_field``:
+    the field or list column of the conversations, for every source, or ``{name: field}`` naming each.
     The label after a conversation's last token is always -100 (`pretrain`'s ``predict_bos=False``):
     the template's trained end token is the stop signal, and nothing is trained across
     conversations. ``pad``: the token string or id of padding ``input_ids`` (default: 0).

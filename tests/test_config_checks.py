@@ -63,3 +63,22 @@ def test_argument_types_are_checked_at_the_call(two_sources, tok_path, arg, valu
     with pytest.raises(error) as e:
         pretrain(two_sources["code"], tokenizer=tok_path, **{arg: value})
     assert needle in str(e.value)
+
+
+@pytest.mark.parametrize("change, first, consequences", [
+    (dict(seq_len=95), "seq_len: saved with 63, this loader has 95", ["buffer_tokens"]),
+    (dict(packing="flat"), "packing: saved with 'bestfit', this loader has 'flat'", ["buffer_size", "buffer_tokens"]),
+])
+def test_a_changed_setting_is_named_before_what_the_recipe_derives_from_it(two_sources, tok_path, change, first,
+                                                                          consequences):
+    """The user changed seq_len (or packing); buffer_tokens (and buffer_size), which they never
+    passed, differ because of it: told on the line of the setting they changed, not as lines of
+    their own that send them looking for an argument they did not give."""
+    kw = dict(tokenizer=tok_path, seq_len=63, batch_size=2)
+    state, _ = _after(pretrain(two_sources, **kw), 3)
+    with pytest.raises(ValueError) as e:
+        pretrain(two_sources, **{**kw, **change}).load_state_dict(state)
+    lines = str(e.value).splitlines()[1:]
+    assert len(lines) == 1 and lines[0].strip().startswith(first), lines
+    for key in consequences:
+        assert f"({key} differs as a consequence: saved with " in lines[0], lines

@@ -61,8 +61,12 @@ class Setting:
     recipes: Tuple[str, ...] = BOTH
     choices: Optional[Tuple[str, ...]] = None
     path: bool = False           # a path: relative to the TOML file when it comes from one
+    per_source: bool = False     # one value for every source, or name=value per source (a TOML table)
 
     def metavar(self) -> Optional[str]:
+        if self.per_source:
+            word = self.key.split("_")[-1].upper()
+            return f"{word}|NAME={word}"
         if self.choices:
             return None
         return "PATH" if self.path else "N" if self.type is int else self.key.split("_")[-1].upper()
@@ -87,10 +91,11 @@ SETTINGS: Tuple[Setting, ...] = (
     Setting("mix", "mix", str, "how sources are chosen", choices=STRATEGIES),
     Setting("weights_unit", "weights_unit", str, "weights count tokens or documents", choices=UNITS),
     Setting("stop", "stop", str, "when a finite mixture ends (needs --epochs)", choices=STOPS),
-    Setting("text_column", "text_column", str, "parquet column / jsonl field holding the text",
-            recipes=("pretrain",)),
-    Setting("text_mode", "text_mode", str, "text files: one document per file or per paragraph",
-            recipes=("pretrain",), choices=TEXT_MODES),
+    Setting("text_column", "text_column", str, "parquet column / jsonl field holding the text; name=column per "
+            "source, e.g. --text-column stories=story web=text", recipes=("pretrain",), per_source=True),
+    Setting("text_mode", "text_mode", str, f"text files: one document per file or per paragraph "
+            f"({' or '.join(TEXT_MODES)}; name=mode per source)", recipes=("pretrain",), choices=TEXT_MODES,
+            per_source=True),
     Setting("bos", "bos", _token, "token string or id put before every document (default: the tokenizer's; "
             "sft: the chat template's)"),
     Setting("eos", "eos", _token, "token string or id put after every document (default: none)",
@@ -102,8 +107,8 @@ SETTINGS: Tuple[Setting, ...] = (
             "ids instead of text, the same batches", recipes=("pretrain",), path=True),
     Setting("cache_strict", "cache_strict", bool, "refuse a cache that lacks units, instead of tokenizing them "
             "on the fly", recipes=("pretrain",)),
-    Setting("messages_field", "messages_field", str, "jsonl field / parquet column holding the conversation",
-            recipes=("sft",)),
+    Setting("messages_field", "messages_field", str, "jsonl field / parquet column holding the conversation; "
+            "name=field per source", recipes=("sft",), per_source=True),
     Setting("template", "template", str, f"chat template: {' or '.join(TEMPLATE_NAMES)}, a Jinja file, a "
             "tokenizer_config.json or a tokenizer directory (default: the tokenizer's own, else its role tokens, "
             "else chatml)", recipes=("sft",), path=True),
@@ -148,8 +153,73 @@ def add_loader_arguments(parser: argparse.ArgumentParser, *, refuse: Optional[Ma
             parser.add_argument(s.flag, dest=s.key, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS,
                                 help=s.help + shown + only)
             continue
+        if s.per_source:  # a value, or name=value per source (the recipe checks the values)
+            add_per_source_argument(parser, s.flag, s.key, s.metavar(), s.help + shown + only)
+            continue
         parser.add_argument(s.flag, dest=s.key, type=s.type, choices=s.choices, default=argparse.SUPPRESS,
                             metavar=s.metavar(), help=s.help + shown + only)
+
+
+class PerSource(argparse.Action):
+    """A flag that takes one value for every source (``--text-column story``) or ``name=value``
+    per source (``--text-column stories=story web=text``). It takes the words it needs and hands
+    the rest back to the sources, so ``--text-column story data/`` still reads ``data/`` as a
+    source: one plain word, or the ``name=value`` words of names not seen yet whose value is not a
+    path (a name again, plain words and ``name=dir/`` are sources, as in ``--text-column
+    stories=story web=text stories=tinystories/ web=web/``)."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs="+", **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        take: List[str] = []
+        rest: List[str] = []
+        if not _NAMED.match(values[0]):
+            take, rest = values[:1], values[1:]
+        else:
+            names = set()
+            for v in values:
+                m = _NAMED.match(v)
+                if m and m.group(1) not in names and not _path_like(m.group(2)):
+                    names.add(m.group(1))
+                    take.append(v)
+                else:
+                    rest.append(v)
+        setattr(namespace, self.dest, take)
+        if rest:
+            namespace.sources = list(getattr(namespace, "sources", None) or []) + rest
+
+
+def _path_like(value: str) -> bool:
+    return "/" in value or os.sep in value or "*" in value or _URI.match(value) is not None or os.path.exists(value)
+
+
+def add_per_source_argument(parser: argparse.ArgumentParser, flag: str, key: str, metavar: str, help: str) -> None:
+    """A flag that takes one value for every source or ``name=value`` per source (`PerSource`,
+    `parse_per_source`)."""
+    parser.add_argument(flag, dest=key, action=PerSource, default=argparse.SUPPRESS, metavar=metavar, help=help)
+
+
+def parse_per_source(flag: str, value: Any) -> Any:
+    """A per-source setting as the recipe takes it: one value for every source, or ``{name: value}``.
+    ``value`` is what the flag collected (a list of words: ``["story"]`` or ``["stories=story",
+    "web=text"]``) or what the TOML file holds (a string, or a table of them)."""
+    if isinstance(value, Mapping):
+        return dict(value)
+    if isinstance(value, str):
+        return value
+    named: Dict[str, str] = {}
+    plain: List[str] = []
+    for item in value:  # a name at most once (`PerSource` hands repeats back to the sources)
+        m = _NAMED.match(item)
+        if m:
+            named[m.group(1)] = m.group(2)
+        else:
+            plain.append(item)
+    if plain and (named or len(plain) > 1):
+        raise ValueError(f"{flag} {' '.join(value)}: give one value for every source ({flag} {plain[0]}), or "
+                         f"name=value for each source (e.g. {flag} stories=story web=text)")
+    return plain[0] if plain else named
 
 
 def _recipe_default(s: Setting) -> Any:
@@ -224,6 +294,10 @@ def read_toml(path: str) -> Dict[str, Any]:
             raise ValueError(f"--config {path!r}: {raw} = {value!r} must be true or false")
         if setting is not None and setting.path and isinstance(value, str):
             value = _relative_to(base, value)
+        if setting is not None and setting.per_source and not (
+                isinstance(value, str) or isinstance(value, Mapping) and all(isinstance(v, str) for v in value.values())):
+            raise ValueError(f"--config {path!r}: {raw} = {value!r} must be a string, or a table of one string per "
+                             f"source ([{raw}] then name = \"...\")")
         if key == "sources":
             value = _toml_sources(path, base, value)
         out[key] = value
@@ -260,6 +334,9 @@ def merged_settings(args: argparse.Namespace) -> Dict[str, Any]:
     for key in BY_KEY:
         if key in given:
             out[key] = given[key]
+    for s in SETTINGS:
+        if s.per_source and s.key in out:
+            out[s.key] = parse_per_source(s.flag, out[s.key])
     if given.get("sources"):
         out["sources"] = parse_sources(given["sources"])
     if given.get("weights"):

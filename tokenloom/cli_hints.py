@@ -39,6 +39,8 @@ _PHRASES = (
     ("allow_weight_change=True to load_state_dict", "--allow-weight-change"),
     ("pass sources={name: spec, ...}", "give the sources as name=path arguments"),
     ("sources={name: spec}", "name=path arguments"),
+    ("per source as {name: value}", "per source as name=value"),          # check_config's "text"
+    ("or {source name: value} for each", "or name=value for each source"),  # check_args.per_source
 )
 _QUOTED = re.compile(r"(?<![\w])'[^'\n]*'(?![\w])|(?<![\w])\"[^\"\n]*\"(?![\w])")
 _KEYWORD = re.compile(r"(?<![\w.\-])([a-z_][a-z0-9_]*)=(?!=)")

@@ -18,7 +18,7 @@ from typing import Any, Dict, Optional
 from tokenloom.pipes.sources.cache_build import build_cache
 from tokenloom.pipes.sources.readers import TEXT_MODES
 
-from .cli_config import merged_settings, tokenizer_path
+from .cli_config import add_per_source_argument, merged_settings, tokenizer_path
 from .progress import WIDTH, Progress
 
 
@@ -90,16 +90,18 @@ def register(sub: Any, common: Optional[argparse.ArgumentParser] = None) -> None
     p = sub.add_parser("tokenize", parents=[common] if common is not None else [],
                        help="tokenize sources once into a token cache that pretrain(cache=) reads",
                        description=__doc__.split("\n\n")[1].replace("\n", " ").replace("`", ""))
-    p.add_argument("sources", nargs="*", metavar="SOURCE",
+    p.add_argument("sources", nargs="*", metavar="SOURCE", default=argparse.SUPPRESS,
                    help="name=path or path (file, glob, directory, URI), named as in the run")
     # Settings default to absent, so merged_settings lets the TOML file's values stand.
     p.add_argument("--tokenizer", default=argparse.SUPPRESS,
                    help="tokenizer.json, a tokenizer directory, a tiktoken name, or 'demo'")
     p.add_argument("--out", required=True, metavar="DIR", help="the cache directory (path or URI)")
-    p.add_argument("--text-column", default=argparse.SUPPRESS,
-                   help="parquet column / jsonl field holding the text (default: text)")
-    p.add_argument("--text-mode", choices=TEXT_MODES, default=argparse.SUPPRESS,
-                   help="text files: one document per file or per paragraph")
+    add_per_source_argument(p, "--text-column", "text_column", "COLUMN|NAME=COLUMN",
+                            "parquet column / jsonl field holding the text (default: text); name=column per source, "
+                            "e.g. --text-column stories=story web=text")
+    add_per_source_argument(p, "--text-mode", "text_mode", "MODE|NAME=MODE",
+                            f"text files: one document per file or per paragraph ({' or '.join(TEXT_MODES)}; "
+                            "name=mode per source)")
     p.add_argument("--config", metavar="TOML", help="sources, tokenizer, text column and mode from a run's TOML file")
     p.add_argument("--processes", type=_positive, help="build processes (default: every CPU this process may use)")
     p.add_argument("--rank", type=int, help="this builder's rank (default: $RANK, as torchrun sets it, else 0)")

@@ -36,6 +36,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from ..check_args import per_source as setting_per_source
 from ..loader.worker_threads import single_thread_tokenizers
 from ..tokenizer import Encoder, load_encoder
 from .cache_format import (FORMAT, K_CACHE, K_CACHE_BYTES, K_DOCUMENTS, K_FILES, K_FORMAT, K_SOURCE,
@@ -224,13 +225,13 @@ class _FileWriter:
 
 
 def build_cache(sources: Union[SourceSpec, Mapping[str, SourceSpec]], tokenizer: Any, out: str, *,
-                text_column: str = "text", text_mode: str = "file",
+                text_column: Union[str, Mapping[str, str]] = "text", text_mode: Union[str, Mapping[str, str]] = "file",
                 manifest: Union[str, Mapping[str, str], None] = None, processes: Optional[int] = None,
                 rank: Optional[int] = None, world_size: Optional[int] = None,
                 progress: Optional[Progress] = None) -> Dict[str, Any]:
     """Tokenize this rank's share of ``sources`` into the cache at ``out`` (path or URI; see
-    the module docstring); ``sources``, ``text_column``, ``text_mode`` and ``manifest`` as in
-    ``pretrain``, whose source names pick the cache folder: build and train with the same names.
+    the module docstring); ``sources``, ``text_column``, ``text_mode`` (each one value or ``{name: value}``)
+    and ``manifest`` as in ``pretrain``, whose source names pick the cache folder: build and train with the same names.
     ``processes``: build processes (default: the CPUs this process may use). ``progress`` is
     called after every unit with the counts so far. Returns what was done."""
     start = time.perf_counter()
@@ -243,7 +244,9 @@ def build_cache(sources: Union[SourceSpec, Mapping[str, SourceSpec]], tokenizer:
     encoder = load_encoder(tokenizer)
     dtype = dtype_for(encoder.vocab_size)
     fs, root, shown = open_root(out)
-    plans = [plan_source(name, spec, column=text_column, text_mode=text_mode, manifest=manifests.get(name))
+    columns = setting_per_source("text_column", text_column, list(named))
+    modes = setting_per_source("text_mode", text_mode, list(named), what="a text mode")
+    plans = [plan_source(name, spec, column=columns[name], text_mode=modes[name], manifest=manifests.get(name))
              for name, spec in named.items()]
     srcs = [_Source(p, fs, root, shown, encoder, dtype, rank, world_size) for p in plans]
 
