@@ -99,3 +99,65 @@ def test_lightning_resumes_from_a_mid_epoch_checkpoint_exactly(corpus, tok_path,
     _job("lightning_job.py", "run", corpus[0], tok_path, ckpt, run, str(STEPS), str(K))
     _job("lightning_job.py", "resume", corpus[0], tok_path, ckpt, resumed, str(STEPS), str(K))
     _check(read(run), read(resumed), "Lightning")
+
+
+# --- torchtitan ---------------------------------------------------------------------------------------
+
+def _titan_batch(inputs, positions, labels):
+    """The full batch rebuilt from what torchtitan's loop gets (input, positions, labels): a
+    sequence starts where positions restart at 0; a run of pad ids with no target is padding."""
+    B, T = inputs.shape
+    seg = torch.zeros(B, T, dtype=torch.int32)
+    starts = []
+    for b in range(B):
+        t, n = 0, 0
+        while t < T:
+            e = t + 1
+            while e < T and positions[b, e] != 0:
+                e += 1
+            pad = bool((inputs[b, t:e] == 0).all() and (labels[b, t:e] == -100).all() and (e - t > 1 or t > 0))
+            if not pad:
+                n += 1
+                seg[b, t:e] = n
+            starts.append(b * T + t)
+            t = e
+    cu = torch.full((B * T + 1,), B * T, dtype=torch.int32)
+    cu[:len(starts)] = torch.tensor(starts, dtype=torch.int32)
+    lens = [b - a for a, b in zip(starts, starts[1:] + [B * T])]
+    return {"input_ids": inputs, "labels": labels, "position_ids": positions, "segment_ids": seg,
+            "cu_seqlens": cu, "max_seqlen": torch.tensor(max(lens)), "num_seqs": torch.tensor(len(starts))}
+
+
+def test_torchtitan_adapter_resumes_through_dcp_and_elastically(tmp_path):
+    """2 gloo ranks save through DCP at step 4 as torchtitan's checkpointer does; 2 new ranks load it
+    and give steps 5-8 exactly; 1 and 3 ranks load every old entry (load_elastic) and, with what
+    the old ranks got before the save, deliver every token of the epoch once (the oracle)."""
+    import json
+
+    from .oracle import BOS, Oracle, make_corpus
+    from .test_torchrun import _torchrun
+
+    corpus = make_corpus(str(tmp_path / "corpus"), {"a": ("parquet", 160)}, row=33, seed=12)
+    config = json.dumps({"sources": corpus.sources, "tokenizer": corpus.tokenizer, "bos": "<|bos|>", "seq_len": 32,
+                         "batch_size": 2, "epochs": 1, "num_workers": 2, "seed": 0})
+    ckpt, job = str(tmp_path / "ckpt"), here("titan_job.py")
+    _torchrun("run", config, ckpt, str(tmp_path / "run"), str(STEPS), str(K), job=job, nproc=2, timeout=240)
+    _torchrun("resume", config, ckpt, str(tmp_path / "resumed"), str(STEPS), str(K), job=job, nproc=2, timeout=240)
+    run = {r: torch.load(tmp_path / f"run_rank{r}.pt", weights_only=True) for r in range(2)}
+    for r in range(2):
+        resumed = torch.load(tmp_path / f"resumed_rank{r}.pt", weights_only=True)
+        assert len(resumed) == STEPS - K
+        for j, (a, b) in enumerate(zip(resumed, run[r][K:])):
+            assert all(torch.equal(x, y) for x, y in zip(a, b)), f"rank {r} step {K + j + 1} differs after the resume"
+    for world in (1, 3):
+        _torchrun("elastic", config, ckpt, str(tmp_path / f"elastic{world}"), str(STEPS), str(K), job=job,
+                  nproc=world, timeout=240)
+        oracle = Oracle(corpus, epochs=1, mode="bestfit", end_label=BOS)
+        for k in range(K):
+            for r in range(2):
+                oracle.feed(_titan_batch(*run[r][k]), f"before the save, rank {r} step {k}", ("old", r))
+        after = {r: torch.load(tmp_path / f"elastic{world}_rank{r}.pt", weights_only=True) for r in range(world)}
+        for k in range(len(after[0])):
+            for r in range(world):
+                oracle.feed(_titan_batch(*after[r][k]), f"{world} ranks: rank {r} step {k}", ("new", r, k % 2))
+        oracle.finish()
