@@ -89,3 +89,31 @@ def per_source_changes(key: str, old: Any, new: Any, hint: str) -> Optional[List
         if a != b:
             lines.append(f"{key}: source {n!r}: saved with {a!r}, this loader has {b!r} ({hint})")
     return lines
+
+
+def check_loader_keywords(recipe: Any, loader_kwargs: Mapping[str, Any]) -> None:
+    """A recipe passes the keywords it does not take to torch's DataLoader; one neither knows
+    (``num_worker=2``) is a `TypeError` naming the recipe and the closest argument of either,
+    here, rather than torch's ``__init__() got an unexpected keyword argument`` from deep inside."""
+    import difflib
+    import inspect
+
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    def names(fn: Any) -> List[str]:
+        return [p.name for p in inspect.signature(fn).parameters.values()
+                if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "self"]
+
+    loader_names = names(StatefulDataLoader.__init__)
+    unknown = [k for k in loader_kwargs if k not in loader_names]
+    if not unknown:
+        return
+    decided = ("dataset", "shuffle", "sampler", "batch_sampler", "collate_fn", "drop_last")  # by the node graph
+    known = names(recipe) + [n for n in loader_names if n not in decided]
+    lines = []
+    for k in unknown:
+        close = difflib.get_close_matches(k, known, n=1, cutoff=0.6)
+        lines.append(f"{k}={loader_kwargs[k]!r}" + (f" (did you mean {close[0]}=?)" if close else ""))
+    raise TypeError(f"{recipe.__name__}() got unexpected keyword argument(s): {', '.join(lines)}; it takes its own "
+                    f"arguments and those of torch's DataLoader (prefetch_factor=, pin_memory=, "
+                    f"persistent_workers=, timeout=, ...)")

@@ -39,7 +39,7 @@ import functools
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from tokenloom.pipes.check_args import check_int
+from tokenloom.pipes.check_args import check_int, check_loader_keywords
 from tokenloom.pipes.sources.examples import BatchExamples, ReadList, Take, default_collate
 from tokenloom.pipes.loader.bridge import ShardContext, TokenLoomLoader
 from tokenloom.pipes.mix import Mix
@@ -137,6 +137,7 @@ def multiplex(
     **loader_kwargs: Any,
 ) -> TokenLoomLoader:
     """Build the multiplexed loader (see the module docstring)."""
+    check_loader_keywords(multiplex, loader_kwargs)
     batch_size = check_int("batch_size", batch_size, 1)
     num_workers = check_int("num_workers", num_workers, 0)
     shuffle_seed = check_int("shuffle_seed", shuffle_seed, 0)

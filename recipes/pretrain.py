@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional, Sequence, Union
 
+from tokenloom.pipes.check_args import check_loader_keywords
 from tokenloom.pipes.loader.bridge import TokenLoomLoader
 from tokenloom.pipes.loader.rank_sync import RankSync
 from tokenloom.pipes.schedule import Weights
@@ -73,6 +74,7 @@ def pretrain(
     either way; a unit it lacks is tokenized (``stats()["sources"][name]["tokenized"]``), or refused
     with ``cache_strict=True``.
     """
+    check_loader_keywords(pretrain, loader_kwargs)
     return packed_loader(
         sources, tokenizer, seq_len=seq_len, batch_size=batch_size, bos=bos, weights=weights, packing=packing,
         buffer_size=buffer_size, epochs=epochs, num_workers=num_workers, seed=seed, rank=rank,

@@ -20,6 +20,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 from tokenloom.pipes.chat import ChatTemplate, choose_template
 from tokenloom.pipes.chat_template import JinjaTemplate
+from tokenloom.pipes.check_args import check_loader_keywords
 from tokenloom.pipes.loader.bridge import TokenLoomLoader
 from tokenloom.pipes.loader.rank_sync import RankSync
 from tokenloom.pipes.schedule import Weights
@@ -75,6 +76,7 @@ def sft(
     chat = choose_template(template, encoder, bos)
     if hasattr(chat, "resolve"):
         chat.resolve(encoder)  # a missing token or a template that cannot give a mask fails here, not in a worker
+    check_loader_keywords(sft, loader_kwargs)
     return packed_loader(
         sources, encoder, seq_len=seq_len, batch_size=batch_size, bos=None, weights=weights, packing=packing,
         buffer_size=buffer_size, epochs=epochs, num_workers=num_workers, seed=seed, rank=rank,

@@ -82,3 +82,23 @@ def test_a_changed_setting_is_named_before_what_the_recipe_derives_from_it(two_s
     assert len(lines) == 1 and lines[0].strip().startswith(first), lines
     for key in consequences:
         assert f"({key} differs as a consequence: saved with " in lines[0], lines
+
+
+@pytest.mark.parametrize("recipe, kwargs, needle", [
+    ("pretrain", dict(num_worker=2), "pretrain() got unexpected keyword argument(s): num_worker=2 (did you mean num_workers=?)"),
+    ("pretrain", dict(seqlen=64), "seqlen=64 (did you mean seq_len=?)"),
+    ("pretrain", dict(prefetch_factr=4), "prefetch_factr=4 (did you mean prefetch_factor=?)"),
+    ("sft", dict(messages_feld="m"), "sft() got unexpected keyword argument(s): messages_feld='m' (did you mean messages_field=?)"),
+    ("multiplex", dict(pin_memroy=True), "multiplex() got unexpected keyword argument(s): pin_memroy=True (did you mean pin_memory=?)"),
+])
+def test_a_misspelt_keyword_names_the_close_match(two_sources, tok_path, recipe, kwargs, needle):
+    """Keywords a recipe does not take go to torch's DataLoader, which said only
+    "__init__() got an unexpected keyword argument"; the recipe now names its closest argument."""
+    from tokenloom import recipes
+
+    with pytest.raises(TypeError) as e:
+        if recipe == "multiplex":
+            recipes.multiplex({"a": list(range(10))}, batch_size=2, **kwargs)
+        else:
+            getattr(recipes, recipe)(two_sources, tokenizer=tok_path, **kwargs)
+    assert needle in str(e.value), str(e.value)
