@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import warnings
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -338,6 +338,23 @@ def _manifests(manifest: Union[str, Mapping[str, str], None], names: List[str]) 
     return {names[0]: manifest}
 
 
+def _warn_shared_files(plans: Sequence[Any]) -> None:
+    """Warn when two sources read the same file the same way: its documents come once per source,
+    so the mix is not the one the weights say (a same file read as another column is fine)."""
+    seen: Dict[Any, str] = {}
+    shared: Dict[Tuple[str, str], List[str]] = {}
+    for plan in plans:
+        for f in plan.files:
+            key = (f.uri or f.path, plan.column, plan.text_mode)
+            other = seen.setdefault(key, plan.name)
+            if other != plan.name:
+                shared.setdefault((other, plan.name), []).append(f.uri or f.path)
+    for (a, b), paths in shared.items():
+        warnings.warn(f"sources {a!r} and {b!r} both read {len(paths)} file(s), e.g. {paths[0]!r}: their documents "
+                      f"come once per source, twice in every pass; give each file one source (weights= sets how "
+                      f"often a source is drawn)", stacklevel=4)
+
+
 def packed_loader(
     sources: Union[SourceSpec, Mapping[str, SourceSpec]],
     tokenizer: Any,
@@ -410,10 +427,15 @@ def packed_loader(
                            require_type=str if chat is None else list, manifest=manifests.get(name))
         check_shardable(plan.total_rows, num_shards, f"source {name!r}")
         plans.append(plan)
+    _warn_shared_files(plans)
 
     encoder = load_encoder(tokenizer)
     bos_id = resolve_special(encoder, bos, default_bos=chat is None)
     eos_id = resolve_special(encoder, eos, default_bos=False)
+    if eos_id is not None and eos_id == bos_id:
+        raise ValueError(f"eos={eos!r} is the BOS (id {bos_id}): every document would be followed by two of them "
+                         "(its EOS, then the next document's BOS); leave eos= out (the BOS already marks where a "
+                         "document ends and the next begins), or pass bos= and eos= two different tokens")
     if pad is not None:
         pad_id = encoder.token_id(pad)
     else:

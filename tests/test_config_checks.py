@@ -102,3 +102,36 @@ def test_a_misspelt_keyword_names_the_close_match(two_sources, tok_path, recipe,
         else:
             getattr(recipes, recipe)(two_sources, tokenizer=tok_path, **kwargs)
     assert needle in str(e.value), str(e.value)
+
+
+def test_eos_equal_to_the_bos_is_refused(two_sources, tok_path):
+    """Two delimiters between documents (the EOS, then the next BOS) is never what was meant."""
+    with pytest.raises(ValueError, match=r"eos='<\|bos\|>' is the BOS \(id \d+\): every document would be followed "
+                                         r"by two of them"):
+        pretrain(two_sources, tokenizer=tok_path, bos="<|bos|>", eos="<|bos|>")
+
+
+def test_the_same_files_under_two_source_names_are_warned(two_sources, tok_path):
+    with pytest.warns(UserWarning, match=r"sources 'code' and 'again' both read 1 file\(s\), e.g. '.*a.parquet': "
+                                         r"their documents come once per source"):
+        pretrain({"code": two_sources["code"], "again": two_sources["code"]}, tokenizer=tok_path)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the same file read as another column is another source
+        pretrain({"code": two_sources["code"], "rev": two_sources["code"]}, tokenizer=tok_path,
+                 text_column={"code": "text", "rev": "body"})
+
+
+def test_a_cache_built_under_other_source_names_is_an_error(two_sources, tok_path, tmp_path):
+    """It warned per source, then tokenized everything on the fly: the cache silently unused."""
+    from tokenloom.pipes.sources.cache import build_cache
+
+    out = str(tmp_path / "cache")
+    build_cache({"c": two_sources["code"], "m": two_sources["man"]}, tok_path, out, processes=1)
+    with pytest.raises(ValueError) as e:
+        pretrain(two_sources, tokenizer=tok_path, cache=out)
+    msg = str(e.value)
+    assert "holds no token cache of any source of this loader ['code', 'man'] (it holds ['c', 'm'])" in msg, msg
+    assert "build and train with the same names" in msg and "leave cache= out" in msg, msg
+    with pytest.warns(UserWarning, match="holds no token cache"):  # one source of two cached: the other tokenized
+        pretrain({"c": two_sources["code"], "other": two_sources["man"]}, tokenizer=tok_path, cache=out)

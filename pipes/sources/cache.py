@@ -47,7 +47,7 @@ from ..tokenizer import Encoder
 from .cache_build import build_cache  # noqa: F401  (the Python entry of `tokenloom tokenize`)
 from .cache_format import (K_CACHE, K_CACHE_BYTES, K_DTYPE, K_KEY, K_SIZE, K_TOKENIZER, K_UNITS, UnitTexts,
                            cache_files, dtype_for, file_entry, file_units, header, header_conflict, matches, merged_files,
-                           open_root, read_ids, read_parts, source_dir)
+                           has_parts, open_root, read_ids, read_parts, source_dir)
 from .files import OpenFiles
 from .readers import SourcePlan
 from .text_files import CursorReader, SkipCount, UnitCursor
@@ -295,4 +295,26 @@ def attach_cache(plans: List[SourcePlan], cache: CacheSpec, encoder: Encoder, *,
     source name, or ``{name: directory}`` for some sources), checked against the tokenizer and
     the files; see the module docstring."""
     roots = _roots(cache, [p.name for p in plans])
+    if roots and not any(_holds(roots[n], n) for n in roots):
+        # A cache under other source names would only warn per source and then tokenize everything.
+        held = sorted({name for spec in set(roots.values()) for name in _held(spec)})
+        where = ", ".join(sorted(set(roots.values())))
+        raise ValueError(f"cache={cache!r:.120} holds no token cache of any source of this loader {sorted(roots)} "
+                         f"(it holds {held if held else 'none at all'}): the cache keeps one folder per source name, "
+                         f"so build and train with the same names (`tokenloom tokenize name=<files> ... --out "
+                         f"{where}`), or leave cache= out to tokenize on the fly")
     return [_attach_one(p, roots[p.name], encoder, strict) if p.name in roots else p for p in plans]
+
+
+def _holds(spec: str, name: str) -> bool:
+    """Whether ``spec`` holds a finished part of source ``name``'s cache (a manifest file)."""
+    fs, root, _ = open_root(spec)
+    return has_parts(fs, source_dir(root, name))
+
+
+def _held(spec: str) -> List[str]:
+    """The source names ``spec`` holds a cache of."""
+    fs, root, _ = open_root(spec)
+    infos = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
+    return [os.path.basename(i.path) for i in infos
+            if i.type == pafs.FileType.Directory and has_parts(fs, i.path)]

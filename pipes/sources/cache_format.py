@@ -178,6 +178,12 @@ def part_name(rank: int, world_size: int) -> str:
     return f"manifest-{rank:05d}-of-{world_size:05d}.json"
 
 
+def has_parts(fs: pafs.FileSystem, folder: str) -> bool:
+    """Whether ``folder`` holds a finished manifest part (without reading it)."""
+    infos = fs.get_file_info(pafs.FileSelector(folder, allow_not_found=True))
+    return any(i.type == pafs.FileType.File and _PART.match(os.path.basename(i.path)) for i in infos)
+
+
 def read_parts(fs: pafs.FileSystem, folder: str, shown: str) -> List[Dict[str, Any]]:
     """Every manifest part in ``folder`` (none: nothing was finished there)."""
     infos = fs.get_file_info(pafs.FileSelector(folder, allow_not_found=True))
