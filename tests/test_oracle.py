@@ -223,8 +223,10 @@ def test_stats_right_after_an_elastic_resume(tmp_path):
 
 # --- 7. random scenarios, seeded (make fuzz runs many more) -----------------------------------------
 
-#: Seeds of the CI run: the first ones of the driver's range plus seeds that once failed.
-SEEDS = list(range(10_000, 10_012)) + [6, 7, 8, 16, 25, 28]
+#: Seeds of the CI run: the first ones of the driver's range plus seeds that once failed (40165: ranks
+#: that end a finite epoch with different numbers of data batches, a list loaded on the same topology
+#: with new weights, then another topology: the ranks' histories differed and the list was refused).
+SEEDS = list(range(10_000, 10_012)) + [6, 7, 8, 16, 25, 28, 40165]
 
 
 @pytest.mark.slow

@@ -542,8 +542,10 @@ class TokenLoomLoader(StatefulDataLoader):
         self._resume_padding, self._padding_inner = False, None
         self._lineage = str(meta[self.LINEAGE])
         if allow_weight_change and meta[self.CONFIG].get("weights") != self.config.get("weights"):
+            # The loop's step (batches with data plus padding): the same on every rank, where the
+            # batches with data alone differ at a finite epoch's end.
             self._lineage = lineage_of(self._lineage, "weights", self.config.get("weights"), meta[self.ROUND],
-                                       meta[self.STEPS])
+                                       int(meta[self.STEPS]) + int(meta[self.ROUND_PADDING]))
         self.dataset.elastic = meta[self.ELASTIC]
         if phase == self.OVER:
             # Saved after a round ran to its end: resume with the next round (meta-pytorch/data#1437).
