@@ -25,13 +25,13 @@ Weights = Union[Mapping[str, float], Sequence[Tuple[int, Mapping[str, float]]]]
 
 def _check_one(weights: Mapping[str, float], names: Sequence[str], where: str) -> Dict[str, float]:
     if not isinstance(weights, Mapping):
-        raise ValueError(f"{where}: weights must be a dict {{name: weight}}, got {type(weights).__name__}")
+        raise ValueError(f"{where} must be a dict {{name: weight}}, got {type(weights).__name__}")
     unknown = sorted(set(weights) - set(names))
     if unknown:
-        raise ValueError(f"{where}: weights name unknown sources {unknown}; the sources are {sorted(names)}")
+        raise ValueError(f"{where} name unknown sources {unknown}; the sources are {sorted(names)}")
     missing = sorted(set(names) - set(weights))
     if missing:
-        raise ValueError(f"{where}: weights miss sources {missing}; give every source a weight (0 to leave it out)")
+        raise ValueError(f"{where} miss sources {missing}; give every source a weight (0 to leave it out)")
     out = {}
     for name in names:
         w = weights[name]

@@ -240,3 +240,42 @@ def test_summary_tells_documents_read_from_documents_delivered(two_sources, tok_
     assert f"{stats['documents']:,} documents" not in packing
     assert f"  documents      {stats['documents']:,} read into the packer, {begun:,} of them begin in these " \
            f"batches (the table below), {stats['documents'] - begun:,} still buffered" in lines
+
+
+# --- issue 25, item 4: the next new user's paper cuts ----------------------------------------
+
+def test_messages_have_no_doubled_words_and_count_one_in_the_singular(tmp_path):
+    from types import SimpleNamespace
+
+    from tokenloom.pipes.schedule import normalize_schedule
+    from tokenloom.pipes.sources.fingerprint import describe_source_change
+    from tokenloom.pipes.sources.parquet import ReadParquet
+    from tokenloom.pipes.sources.readers import plan_source
+    from tokenloom.state_cmd import branch_position
+
+    with pytest.raises(ValueError) as e:
+        normalize_schedule({"a": 1, "zz": 1}, ["a", "b"])
+    assert str(e.value).startswith("weights name unknown sources ['zz']; the sources are ['a', 'b']"), str(e.value)
+    with pytest.raises(ValueError, match=r"^weights at step 0 miss sources \['b'\]"):
+        normalize_schedule([(0, {"a": 1})], ["a", "b"])
+
+    path = write_jsonl(tmp_path / "x.jsonl", [{"text": "fine"}] * 3)
+    with open(path, "a") as f:
+        f.write('{"text": "never closed\n')
+    with pytest.raises(ValueError) as e:
+        list(pretrain(path, tokenizer="demo", seq_len=16, batch_size=1, epochs=1))
+    assert "Unterminated string starting at column 10" in str(e.value) and "at at" not in str(e.value), str(e.value)
+
+    where = SimpleNamespace(units=SimpleNamespace(where=lambda u: "x.parquet, row group 0"))
+    error = ReadParquet._read_error(where, 0, OSError("Couldn't deserialize thrift: invalid data."))
+    assert "invalid data. the row group is corrupt" in str(error) and ".." not in str(error), str(error)
+
+    one = tmp_path / "one"
+    write_corpus(str(one), synthetic_texts(20, seed=4), files=1)
+    saved = plan_source("web", str(one)).fingerprint
+    write_corpus(str(one), synthetic_texts(30, seed=4), files=1)
+    problem = describe_source_change("web", saved, plan_source("web", str(one)).fingerprint)
+    assert "(1 file then, 1 now)" in problem, problem
+
+    assert branch_position({"epoch": 0, "index": 1, "prefix": 0}) == "epoch 0, 1 work slice started"
+    assert branch_position({"epoch": 2, "index": 3, "prefix": 0}) == "epoch 2, 3 work slices started"

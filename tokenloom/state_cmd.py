@@ -78,7 +78,7 @@ def branch_position(node: Any) -> str:
         node = node.get("parent")
     parts = []
     if epoch is not None:
-        parts.append(f"epoch {epoch}, {slices} work slices started" if slices else f"epoch {epoch}, at its start")
+        parts.append(f"epoch {epoch}, {slices} work slice{'' if slices == 1 else 's'} started" if slices else f"epoch {epoch}, at its start")
     if row is not None and slices:
         parts.append(f"row {row} of the last" + (f" ({skipped} skipped)" if skipped else ""))
     if emitted:

@@ -269,7 +269,7 @@ def describe_source_change(name: str, saved: Any, current: Any) -> str:
         else:
             changed = "another parquet footer" if current[K_FORMAT] == "parquet" else "other rows or record batches"
             items.append(f"{n} rewritten (same size, {after[n][0]:,} bytes, {changed})")
-    counts = f"{saved[K_FILES]:,} files then, {current[K_FILES]:,} now"
+    counts = f"{saved[K_FILES]:,} file{'' if saved[K_FILES] == 1 else 's'} then, {current[K_FILES]:,} now"
     if not items:
         what = f"more files changed than the state can name ({counts})"
     else:

@@ -87,7 +87,9 @@ def jsonl_field(line: bytes, field: str, require_type: Optional[Union[type, Tupl
         return None, ("malformed", f"invalid UTF-8 at byte {e.start} of the {record} ({line[e.start:e.start + 8]!r})")
     except json.JSONDecodeError as e:
         where = f"column {e.colno}" if record == "line" else f"line {e.lineno} column {e.colno} of the element"
-        return None, ("malformed", f"malformed JSON: {e.msg} at {where} ({line.strip()[:80]!r})")
+        # json says where some errors begin in the message itself ("Unterminated string starting at")
+        at = "" if e.msg.endswith(" at") else " at"
+        return None, ("malformed", f"malformed JSON: {e.msg}{at} {where} ({line.strip()[:80]!r})")
     if not isinstance(obj, dict):
         return None, ("not_object", f"the {record} holds a JSON {type(obj).__name__}, not an object "
                                     f"({line.strip()[:80]!r})")

@@ -238,7 +238,8 @@ class ReadParquet(CursorReader, SkipCount, Node[Doc]):
         """The error for unit ``u`` failing to read with ``e``: where, why, and what to do."""
         hint = ("the file is gone (deleted or moved after the loader was built)" if isinstance(e, FileNotFoundError)
                 else "the row group is corrupt, or the file changed after the loader was built")
-        return RuntimeError(f"cannot read {self.units.where(u)}: {e}. {hint}; check it with pyarrow.parquet."
+        why = str(e).rstrip().rstrip(".")  # pyarrow's messages may end with a full stop of their own
+        return RuntimeError(f"cannot read {self.units.where(u)}: {why}. {hint}; check it with pyarrow.parquet."
                             "ParquetFile(path).read_row_group(n), rewrite or remove it, and rebuild the loader")
 
     def _load(self, s: WorkSlice) -> int:
