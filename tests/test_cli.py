@@ -160,6 +160,16 @@ def test_state_prints_configuration_and_worker_positions(two_sources, tmp_path, 
         assert text in out, text
     assert sum(1 for line in out.splitlines() if "epoch 0, " in line) == 4  # 2 workers x 2 sources
     assert "parquet:" in out and "share" in out
+    # the configuration's labels in one column, never run into their values (buffer_tokens8208)
+    lines = out.splitlines()
+    config = lines[lines.index("configuration (a resume must match it)") + 1:lines.index("progress")]
+    labelled = [line for line in config if not line.startswith("   ")]
+    labels = {line.split()[0] for line in labelled}
+    assert {"buffer_tokens", "source_order", "weights", "sources"} <= labels, config
+    # where each value starts: after the label and at least two spaces, the same column on every line
+    starts = {len(line) - len(line[2 + len(line.split()[0]):].lstrip()) for line in labelled}
+    assert len(starts) == 1 and all("  " in line[2:] for line in labelled), config
+    assert any(line.startswith("  source_order") and line.endswith("  ['a', 'b']") for line in config), config
 
     assert main(["state", path, "--json"]) == 0
     raw = json.loads(capsys.readouterr().out)

@@ -11,7 +11,7 @@ recognised by its class's ``STATE_KEYS`` and summarized: batches built, the
 packer's buffer, and per source the epoch, work slice and row. Positions under
 the packer are its restore point, not the live read position: a packer saves
 where its buffered documents came from and replays from there on load. A
-2-worker state is ~13 KiB; ``--json`` prints it whole.
+2-worker state is a few KiB (6 KiB in docs/cli.md's example); ``--json`` prints it whole.
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ def branch_position(node: Any) -> str:
     if row is not None and slices:
         parts.append(f"row {row} of the last" + (f" ({skipped} skipped)" if skipped else ""))
     if emitted:
-        parts.append(f"+{emitted} documents from the encode batch starting there")
+        parts.append(f"+{emitted} document{'' if emitted == 1 else 's'} from the encode batch starting there")
     return ", ".join(parts) or "?"
 
 
@@ -146,10 +146,10 @@ def shaped_stats(meta: Mapping[str, Any]) -> Optional[Dict[str, Any]]:
 
 def config_lines(config: Mapping[str, Any]) -> List[str]:
     c = dict(config)
-    out = []
+    rows = []
 
     def row(label: str, text: str) -> None:
-        out.append(f"  {label:<12}{text}")
+        rows.append((label, text))
 
     if "world_size" in c:
         row("ranks", f"world size {c.pop('world_size')}, rank {c.pop('rank', 0)}")
@@ -171,7 +171,9 @@ def config_lines(config: Mapping[str, Any]) -> List[str]:
     for key, value in c.items():  # mix, chat, and anything another recipe records
         if value is not None:
             row(key, str(value))
-    return out
+    # labels in one column, at least two spaces from their values (source_order is 12 characters)
+    width = max([12] + [len(label) + 2 for label, _ in rows])
+    return [f"  {label:<{width}}{text}" for label, text in rows]
 
 
 def show_state(args: argparse.Namespace) -> int:
