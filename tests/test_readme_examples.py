@@ -10,11 +10,13 @@ import pytest
 
 from tokenloom.sample_data import default_tokenizer_path
 
-README = os.path.join(os.path.dirname(os.path.dirname(__file__)), "README.md")
+ROOT = os.path.dirname(os.path.dirname(__file__))
+#: The README and the doc that holds its "coming from another loader" examples.
+PAGES = [os.path.join(ROOT, "README.md"), os.path.join(ROOT, "docs", "migrating.md")]
 
 
 def examples():
-    text = open(README, encoding="utf-8").read()
+    text = "\n".join(open(page, encoding="utf-8").read() for page in PAGES)
     return dict(re.findall(r"<!-- example: ([\w-]+) -->\s*```python\n(.*?)```", text, re.S))
 
 
