@@ -273,12 +273,14 @@ class PackedGraph:
         single = len(self.plans) == 1
         branches = {}
         readers = {}
+        shards: Dict[str, ShardUnits] = {}
         renderers: List[RenderChat] = []
         for plan in self.plans:
             # With several sources the mixer decides when to stop, so branches are endless.
             node = ShardUnits(plan.units.rows, shard=ctx.shard, num_shards=ctx.num_shards, seed=self.seed,
                               epochs=self.epochs if single else None, first_epoch=first_epoch,
                               what=f"source {plan.name!r}", **prefix_of(ctx.elastic, plan.name))
+            shards[plan.name] = node
             node = readers[plan.name] = plan.reader(node, seed=self.seed)
             if self.chat is None:
                 branches[plan.name] = Tokenize(node, self.encoder, bos=self.bos, eos=self.eos)
@@ -311,7 +313,10 @@ class PackedGraph:
             out = [pack[k] for k in PACK_STAT_KEYS]
             for n in names:
                 tokens, docs = delivered.get(n, (0, 0))
-                epochs = passes[n]["epochs"] if passes is not None else 0
+                # passes completed: the mixer's count or, for one source (no mixer), the epoch its sharder
+                # is in (all of this round's epochs once its stream ended)
+                epochs = passes[n]["epochs"] if passes is not None else \
+                    max(shards[n].next_epoch() - shards[n].first_epoch, 0)
                 out += [tokens, docs, epochs, getattr(readers[n], "skipped", 0)]  # text readers never skip
             if renderers:
                 per = [r.counts() for r in renderers]

@@ -279,3 +279,33 @@ def test_messages_have_no_doubled_words_and_count_one_in_the_singular(tmp_path):
 
     assert branch_position({"epoch": 0, "index": 1, "prefix": 0}) == "epoch 0, 1 work slice started"
     assert branch_position({"epoch": 2, "index": 3, "prefix": 0}) == "epoch 2, 3 work slices started"
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_stats_count_the_epochs_a_finite_run_completed(text_parquet, workers, capsys):
+    for epochs in (1, 2):
+        loader = pretrain(text_parquet, tokenizer="demo", seq_len=64, batch_size=2, epochs=epochs, num_workers=workers)
+        list(loader)
+        assert loader.stats()["sources"]["default"]["epochs"] == epochs
+    list(loader)  # the next round: two more
+    assert loader.stats()["sources"]["default"]["epochs"] == 4
+    assert main(["run", text_parquet, *SMALL, "--epochs", "1", "--workers", str(workers)]) == 0
+    row = next(line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("  default "))
+    assert row[3] == "1", row  # source, tokens, documents, epochs
+
+
+def test_state_shows_the_epochs_loader_stats_shows(tmp_path):
+    from tokenloom.pipes.loader.bridge import decode_state
+    from tokenloom.state_cmd import shaped_stats
+
+    small = write_corpus(str(tmp_path / "small"), synthetic_texts(12, seed=5, tag="s"), files=1, row_group_size=3)
+    large = write_corpus(str(tmp_path / "large"), synthetic_texts(200, seed=6, tag="l"), files=1, row_group_size=40)
+    loader = pretrain({"small": small[0], "large": large[0]}, tokenizer="demo", seq_len=64, batch_size=2,
+                      num_workers=2)
+    for _, _ in zip(range(60), loader):  # 'small' cycles: each worker passes its half several times
+        pass
+    stats = loader.stats()
+    per_worker = [vec[loader.stats_keys.index("source/small/epochs")] for vec in loader.worker_stats().values()]
+    assert stats["sources"]["small"]["epochs"] == min(per_worker) >= 1 and sum(per_worker) > min(per_worker)
+    shown = shaped_stats(decode_state(loader.state_dict())["tokenloom"])
+    assert {n: s["epochs"] for n, s in shown["sources"].items()} == {n: s["epochs"] for n, s in stats["sources"].items()}

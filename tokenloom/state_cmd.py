@@ -127,7 +127,8 @@ def worker_lines(worker: int, tree: Any, names: List[str]) -> List[str]:
 
 def shaped_stats(meta: Mapping[str, Any]) -> Optional[Dict[str, Any]]:
     """The statistics as ``loader.stats()`` would return them, rebuilt from the envelope
-    (the same sum over workers and finished rounds); None for other loaders or layouts."""
+    (the same sum over workers and finished rounds; a source's epochs are the least any worker
+    completed, as the loader's ``stats_min_keys`` say); None for other loaders or layouts."""
     config = meta["config"]
     if "sources" not in config:
         return None
@@ -136,10 +137,12 @@ def shaped_stats(meta: Mapping[str, Any]) -> Optional[Dict[str, Any]]:
     vectors = [meta["earlier_rounds"], *meta["stats"].values()]
     if any(len(v) != len(keys) for v in vectors):
         return None  # saved by a tokenloom that counted other things; --json shows the raw vectors
+    workers = list(meta["stats"].values())
     totals = dict(zip(keys, meta["earlier_rounds"]))
-    for vec in meta["stats"].values():
-        for k, v in zip(keys, vec):
-            totals[k] += v
+    for i, k in enumerate(keys):
+        column = [vec[i] for vec in workers]
+        if column:
+            totals[k] += min(column) if k.endswith("/epochs") else sum(column)
     schedule = config.get("weights") or normalize_schedule(None, names)
     return PackedStatsView(names, schedule)(totals, meta["steps"])
 
