@@ -188,7 +188,7 @@ def load_encoder(tokenizer: Any) -> Encoder:
         except FileNotFoundError as e:
             raise ValueError(f"tokenizer file {path!r} does not exist; pass the path of a tokenizer.json") from e
         except Exception as e:
-            raise ValueError(f"cannot load tokenizer from {path!r}: {e}. "
+            raise ValueError(_not_a_tokenizer(path, payload) or f"cannot load tokenizer from {path!r}: {e}. "
                              "Expected a Hugging Face tokenizers JSON file (tokenizer.json)") from e
         canonical = tok.to_str()  # the special-token switch is not serialized
         enc = Encoder("hf", canonical, _hash(canonical))
@@ -210,6 +210,35 @@ def load_encoder(tokenizer: Any) -> Encoder:
         f"unsupported tokenizer {type(tokenizer).__name__}; pass a path to tokenizer.json, "
         "a tokenizers.Tokenizer or a tiktoken.Encoding"
     )
+
+
+#: Keys of other JSON files a tokenizer directory holds (tokenizer_config.json, special_tokens_map.json).
+_CONFIG_KEYS = ("tokenizer_class", "chat_template", "model_max_length", "added_tokens_decoder", "bos_token",
+                "eos_token", "pad_token", "unk_token")
+
+
+def _not_a_tokenizer(path: str, payload: str) -> Optional[str]:
+    """Why ``path``, valid JSON, is not a tokenizer.json (None: it is not valid JSON, or it looks
+    like one, so the tokenizers library's own error says more)."""
+    try:
+        obj = json.loads(payload)
+    except ValueError:
+        return None
+    if isinstance(obj, dict) and isinstance(obj.get("model"), dict):
+        return None
+    held = f"keys {sorted(obj)[:8]}{' ...' if len(obj) > 8 else ''}" if isinstance(obj, dict) else \
+        f"a JSON {type(obj).__name__}"
+    which = " (it looks like a tokenizer_config.json)" if isinstance(obj, dict) and any(
+        k in obj for k in _CONFIG_KEYS) else ""
+    folder = os.path.dirname(path) or "."
+    beside = os.path.join(folder, "tokenizer.json")
+    if os.path.isfile(beside) and not os.path.samefile(beside, path):
+        fix = f"pass {beside!r}, or the directory {folder!r} (tokenloom reads tokenizer_config.json from it)"
+    else:
+        fix = "pass the tokenizer.json (tokenizer.save_pretrained(dir) writes one) or the directory holding it"
+    return (f"tokenizer file {path!r} is JSON but not a tokenizer.json{which}: it holds {held}, where a "
+            "tokenizer.json holds the \"model\" (its \"type\", \"vocab\" and merges), \"added_tokens\", "
+            f"\"normalizer\", \"pre_tokenizer\" and \"decoder\"; {fix}")
 
 
 def _is_name(value: str) -> bool:

@@ -309,3 +309,27 @@ def test_state_shows_the_epochs_loader_stats_shows(tmp_path):
     assert stats["sources"]["small"]["epochs"] == min(per_worker) >= 1 and sum(per_worker) > min(per_worker)
     shown = shaped_stats(decode_state(loader.state_dict())["tokenloom"])
     assert {n: s["epochs"] for n, s in shown["sources"].items()} == {n: s["epochs"] for n, s in stats["sources"].items()}
+
+
+def test_a_json_file_that_is_no_tokenizer_is_named_so(text_parquet, tmp_path, tok_path, capsys):
+    from tokenloom.pipes.tokenizer import load_encoder
+
+    other = tmp_path / "other.json"
+    other.write_text('{"a": 1}')
+    with pytest.raises(ValueError) as e:
+        load_encoder(str(other))
+    text = str(e.value)
+    assert text.startswith(f"tokenizer file {str(other)!r} is JSON but not a tokenizer.json: it holds keys ['a']"), text
+    assert '"model" (its "type", "vocab" and merges)' in text and "or the directory holding it" in text, text
+    assert "line 1 column" not in text, text
+
+    folder = tmp_path / "tok"
+    folder.mkdir()
+    (folder / "tokenizer.json").write_text(open(tok_path).read())
+    (folder / "tokenizer_config.json").write_text('{"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|bos|>"}')
+    config = str(folder / "tokenizer_config.json")
+    assert main(["run", text_parquet, "--tokenizer", config, "--seq-len", "32", "--quiet"]) == 2
+    line = error_line(capsys)
+    assert f"tokenizer file {config!r} is JSON but not a tokenizer.json (it looks like a tokenizer_config.json)" in line
+    assert f"pass {str(folder / 'tokenizer.json')!r}, or the directory {str(folder)!r}" in line, line
+    load_encoder(str(folder))  # what the message offers loads
