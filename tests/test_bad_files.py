@@ -205,7 +205,7 @@ def test_non_string_jsonl_value_names_file_and_line_in_a_worker(tmp_path, tok_pa
     loader = _loader(str(tmp_path / "x.jsonl"), tok_path, num_workers=2)
     msg = _run_to_error(loader, ValueError)
     assert "in DataLoader worker process" in msg
-    assert re.search(r"x\.jsonl, line 24: field 'text' holds a int, expected str", msg), msg
+    assert re.search(r"x\.jsonl, line 24: field 'text' holds an int, expected str", msg), msg
 
     del lines[23]
     (tmp_path / "x.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))

@@ -333,3 +333,58 @@ def test_a_json_file_that_is_no_tokenizer_is_named_so(text_parquet, tmp_path, to
     assert f"tokenizer file {config!r} is JSON but not a tokenizer.json (it looks like a tokenizer_config.json)" in line
     assert f"pass {str(folder / 'tokenizer.json')!r}, or the directory {str(folder)!r}" in line, line
     load_encoder(str(folder))  # what the message offers loads
+
+
+def _chat(i: int) -> list:
+    return [{"role": "user", "content": f"question {i}"}, {"role": "assistant", "content": f"answer {i}"}]
+
+
+def test_conversations_given_to_pretrain_point_to_the_sft_recipe(tmp_path, capsys):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    # a messages field and no text: refused at listing, pointing to sft
+    chats = write_jsonl(tmp_path / "chat.jsonl", [{"messages": _chat(i)} for i in range(20)])
+    assert main(["run", chats, *SMALL]) == 2
+    line = error_line(capsys)
+    assert "first record: no field 'text'; the line has keys ['messages']. Pass --text-column naming one of them; " \
+           "or, as its field 'messages' holds a list of messages (a conversation), train on it with the sft recipe, " \
+           "--recipe sft" in line, line
+    assert "require_type" not in line and "messages_field" not in line and "sft(" not in line, line
+    with pytest.raises(ValueError, match=r"train on it with the sft recipe, sft\(\.\.\.\)$"):
+        pretrain(chats, tokenizer="demo")
+
+    # conversations under the text field: at listing (the first record), or when read (a later one)
+    under_text = write_jsonl(tmp_path / "t.jsonl", [{"text": _chat(i)} for i in range(20)])
+    assert main(["run", under_text, *SMALL]) == 2
+    line = error_line(capsys)
+    assert "first record: field 'text' holds a list, expected str. A list of messages is a conversation: to train " \
+           "on conversations use the sft recipe, --recipe sft with --messages-field 'text'; for text, pass " \
+           "--text-column naming a text field" in line, line
+    records = [{"text": f"document {i}"} for i in range(20)]
+    records[13] = {"text": _chat(13)}
+    later = write_jsonl(tmp_path / "later.jsonl", records)
+    assert main(["run", later, *SMALL, "--epochs", "1"]) == 2
+    line = error_line(capsys)
+    assert "line 14: field 'text' holds a list, expected str. A list of messages is a conversation: to train on " \
+           "conversations use the sft recipe, --recipe sft with --messages-field 'text'; for text, pass " \
+           "--text-column naming a text field, or on_error='skip'" in line, line
+    assert "require_type" not in line, line
+    records[13] = {"text": 12345}  # not a conversation: no sft advice, and no Python-only require_type=
+    wrong = write_jsonl(tmp_path / "wrong.jsonl", records)
+    assert main(["run", wrong, *SMALL, "--epochs", "1"]) == 2
+    line = error_line(capsys)
+    assert "field 'text' holds an int, expected str. Pass --text-column naming a field that holds that type" in line
+    assert "require_type" not in line and "sft" not in line, line
+
+    # parquet: a list column and no text column, or a list column named as the text column
+    pq.write_table(pa.table({"messages": [_chat(i) for i in range(10)], "id": list(range(10))}),
+                   tmp_path / "chats.parquet")
+    assert main(["run", str(tmp_path / "chats.parquet"), *SMALL]) == 2
+    assert error_line(capsys).endswith("Pass --text-column with one of them, or fix or remove this file; or, as its "
+                                       "column 'messages' holds lists (conversations?), train on it with the sft "
+                                       "recipe, --recipe sft")
+    assert main(["run", str(tmp_path / "chats.parquet"), *SMALL, "--text-column", "messages"]) == 2
+    assert error_line(capsys).endswith("if it holds conversations (lists of messages), train on them with the sft "
+                                       "recipe, --recipe sft")
+    assert main(["run", "--recipe", "sft", str(tmp_path / "chats.parquet"), *SMALL, "--steps", "1"]) == 0

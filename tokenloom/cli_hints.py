@@ -41,6 +41,7 @@ _PHRASES = (
     ("sources={name: spec}", "name=path arguments"),
     ("per source as {name: value}", "per source as name=value"),          # check_config's "text"
     ("or {source name: value} for each", "or name=value for each source"),  # check_args.per_source
+    ("the sft recipe, sft(...)", "the sft recipe, --recipe sft"),           # sources.files.sft_advice
 )
 _QUOTED = re.compile(r"(?<![\w])'[^'\n]*'(?![\w])|(?<![\w])\"[^\"\n]*\"(?![\w])")
 _KEYWORD = re.compile(r"(?<![\w.\-])([a-z_][a-z0-9_]*)=(?!=)")

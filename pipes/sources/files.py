@@ -32,6 +32,13 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
 import pyarrow.fs as pafs
 
+def sft_advice(column: str) -> str:
+    """How to train on ``column`` when it holds conversations (lists of messages) where a text
+    recipe wanted text: the sft recipe, told the column unless it is sft's default. Worded for
+    Python; the command line says ``--recipe sft`` (tokenloom/cli_hints.py)."""
+    return "the sft recipe, sft(...)" + ("" if column == "messages" else f" with messages_field={column!r}")
+
+
 #: Compressed endings of JSON sources, and pyarrow's codec for each (compressed.py).
 COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".bz2": "bz2"}
 _JSON = (".jsonl", ".json", ".ndjson")

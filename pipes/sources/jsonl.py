@@ -26,7 +26,8 @@ Bad lines, and what happens to them (the location is always the file and the
 its byte offset and line):
 
 - malformed JSON, invalid UTF-8, a line that is not an object, a missing field,
-  a value of the wrong type (``require_type``): ``on_error="raise"`` (default)
+  a value of the wrong type (``require_type``; a list of messages where text is
+  wanted is told as a conversation, for the sft recipe): ``on_error="raise"`` (default)
   stops with the file, line and the fix, because a corrupt file usually means a
   broken export that should be fixed, not silently trained around;
   ``on_error="skip"`` skips them.
@@ -56,7 +57,7 @@ from ..base import Node
 from ..items import Doc
 from ..shard import ShardUnits, WorkSlice
 from .compressed import CompressedUnitBytes, compression_of, content_key, merge_units, open_decompressed
-from .files import SourceFile
+from .files import SourceFile, sft_advice
 from .json_array import first_byte, scan_array, split_elements
 from .text_files import MAX_UNIT_BYTES, CursorReader, LineUnitTable, SkipCount, UnitCursor, scan_file, unit_columns
 
@@ -73,9 +74,28 @@ _HINTS = {
     "not_object": "Every line (or array element) must be one JSON object ({...}); or pass on_error='skip'",
     "missing": "Pass field= (in recipes: text_column= for pretrain, messages_field= for sft) naming one of the "
                "keys, or on_error='skip' to skip such lines",
-    "type": "Pass require_type= matching the data, or on_error='skip' to skip such lines",
+    "type": "Pass field= (in recipes: text_column= for pretrain, messages_field= for sft) naming a field that "
+            "holds that type, or on_error='skip' to skip such lines",
+    "conversation": "A list of messages is a conversation: to train on conversations use {sft}; for text, pass "
+                    "field= (in recipes: text_column= for pretrain, messages_field= for sft) naming a text field, "
+                    "or on_error='skip' to skip such lines",
     "null": "Pass on_null='skip' to skip null values (counted as 'skipped' in the reader's state)",
 }
+
+
+def _hint(kind: str, field: str) -> str:
+    return _HINTS[kind].format(sft=sft_advice(field)) if kind == "conversation" else _HINTS[kind]
+
+
+def _is_conversation(value: Any) -> bool:
+    """A list of JSON objects (messages), as a chat record holds."""
+    return isinstance(value, list) and all(isinstance(m, dict) for m in value)
+
+
+def _wants_text(require_type: Optional[Union[type, Tuple[type, ...]]]) -> bool:
+    """``require_type`` takes strings and not lists: a text recipe's."""
+    types = require_type if isinstance(require_type, tuple) else (require_type,)
+    return str in types and list not in types
 
 
 def jsonl_field(line: bytes, field: str, require_type: Optional[Union[type, Tuple[type, ...]]] = None,
@@ -102,7 +122,9 @@ def jsonl_field(line: bytes, field: str, require_type: Optional[Union[type, Tupl
         return None, ("null", f"field {field!r} is null")
     if require_type is not None and not isinstance(value, require_type):
         want = getattr(require_type, "__name__", None) or [t.__name__ for t in require_type]
-        return None, ("type", f"field {field!r} holds a {type(value).__name__}, expected {want}")
+        kind = "conversation" if _wants_text(require_type) and _is_conversation(value) else "type"
+        got = type(value).__name__
+        return None, (kind, f"field {field!r} holds {'an' if got[0] in 'aeiou' else 'a'} {got}, expected {want}")
     return value, None
 
 
@@ -135,7 +157,8 @@ def _neither(first: bytes) -> Optional[str]:
 
 
 def list_jsonl_units(files: Sequence[SourceFile], *, field: Optional[str] = "text", rows_per_unit: int = 1000,
-                     max_unit_bytes: int = MAX_UNIT_BYTES) -> JsonUnitTable:
+                     max_unit_bytes: int = MAX_UNIT_BYTES,
+                     require_type: Optional[Union[type, Tuple[type, ...]]] = None) -> JsonUnitTable:
     """Units of up to ``rows_per_unit`` non-blank lines or array elements (and ``max_unit_bytes``)
     per file; a compressed file's merged into a few (compressed.py).
 
@@ -143,6 +166,9 @@ def list_jsonl_units(files: Sequence[SourceFile], *, field: Optional[str] = "tex
     malformed first line is left to the reader and its ``on_error``); ``field=None``
     lists without looking. A file that is neither JSON lines nor one JSON array is
     refused here in one line instead of as a malformed line somewhere in the middle.
+    When ``require_type`` wants text (str, not list), a first record whose field holds a
+    conversation (a list of messages) is refused here too, and a missing field's error
+    names a field of the record that holds one: both point to the sft recipe.
     """
     if rows_per_unit < 1:
         raise ValueError(f"{rows_per_unit=} must be >= 1")
@@ -157,11 +183,20 @@ def list_jsonl_units(files: Sequence[SourceFile], *, field: Optional[str] = "tex
                                  "holds one object per line, or one array of objects, [{...}, {...}]")
         if field is None:
             return
-        _, problem = jsonl_field(first, field, record=record)
+        _, problem = jsonl_field(first, field, require_type, record=record)
         if problem is not None and problem[0] == "missing":
+            chats = [k for k, v in _DECODER.decode(first.decode("utf-8")).items() if _is_conversation(v) and v] \
+                if _wants_text(require_type) else []
+            chats.sort(key=lambda k: k != "messages")  # sft's default first
+            sft = (f"; or, as its field {chats[0]!r} holds a list of messages (a conversation), train on it with "
+                   f"{sft_advice(chats[0])}") if chats else ""
             raise ValueError(f"{f.uri or f.path}, first record: {problem[1]}. Pass field= (text_column= in "
                              "recipes) naming one of them; if only some records lack it, pass field=None here "
-                             "to list without this check and on_error='skip' to the reader")
+                             "to list without this check and on_error='skip' to the reader" + sft)
+        if problem is not None and problem[0] == "conversation":
+            raise ValueError(f"{f.uri or f.path}, first record: {problem[1]}. A list of messages is a "
+                             f"conversation: to train on conversations use {sft_advice(field)}; for text, pass "
+                             "field= (text_column= in recipes) naming a text field")
 
     listed, per_file, arrays, blanks = [], [], [], 0
     for f in files:
@@ -271,7 +306,7 @@ class ReadJsonl(CursorReader, SkipCount, Node[Doc]):
             kind, what = problem
             where = self._where(s.unit, i)
             if (self.on_null if kind == "null" else self.on_error) == "raise":
-                raise ValueError(f"{where}: {what}. {_HINTS[kind]}")
+                raise ValueError(f"{where}: {what}. {_hint(kind, self.field)}")
             self._skipped += 1
             if kind not in self._warned:
                 self._warned.add(kind)

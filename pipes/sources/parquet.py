@@ -47,7 +47,7 @@ from ..base import Node
 from .fingerprint import content_key
 from ..items import Doc
 from ..shard import ShardUnits, WorkSlice
-from .files import FileChangedError, FileUnits, OpenFiles, SourceFile
+from .files import FileChangedError, FileUnits, OpenFiles, SourceFile, sft_advice
 from .text_files import CursorReader, SkipCount, UnitCursor
 
 log = logging.getLogger(__name__)
@@ -147,13 +147,19 @@ def check_column(f: SourceFile, footer: Footer, column: str, require: Optional[s
         return
     types = {name: (typ, kind) for name, typ, kind in footer.columns}
     if column not in types:
+        # text wanted, and a list column (conversations?) there: the sft recipe reads those
+        lists = sorted((n for n, (_, k) in types.items() if k == LIST), key=lambda n: n != "messages")
+        sft = (f"; or, as its column {lists[0]!r} holds lists (conversations?), train on it with "
+               f"{sft_advice(lists[0])}") if require == TEXT and lists else ""
         raise ValueError(f"column {column!r} not found in {f.uri or f.path}; it has columns {list(types)}. "
-                         "Pass text_column= with one of them, or fix or remove this file")
+                         "Pass text_column= with one of them, or fix or remove this file" + sft)
     typ, kind = types[column]
     if require is not None and kind != require:
         want = "text (string)" if require == TEXT else "a list (of messages)"
+        sft = (f"; if it holds conversations (lists of messages), train on them with {sft_advice(column)}"
+               if require == TEXT and kind == LIST else "")
         raise ValueError(f"column {column!r} in {f.uri or f.path} has type {typ}, not {want}; pass text_column= "
-                         f"naming a {require} column, or fix or remove this file")
+                         f"naming a {require} column, or fix or remove this file" + sft)
 
 
 def units_from_footers(files: Sequence[SourceFile], footers: Sequence[Footer], column: str, *,

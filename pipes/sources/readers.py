@@ -173,7 +173,7 @@ def plan_source(name: str, spec: SourceSpec, *, column: str = "text", text_mode:
         elif fmt == "parquet":
             units = list_units(files, column, require=require, manifest=manifest)
         elif fmt == "jsonl":
-            units = list_jsonl_units(files, field=column)
+            units = list_jsonl_units(files, field=column, require_type=require_type)
         else:
             units = list_text_units(files, mode=text_mode)
     except ValueError as e:
