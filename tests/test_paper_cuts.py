@@ -388,3 +388,29 @@ def test_conversations_given_to_pretrain_point_to_the_sft_recipe(tmp_path, capsy
     assert error_line(capsys).endswith("if it holds conversations (lists of messages), train on them with the sft "
                                        "recipe, --recipe sft")
     assert main(["run", "--recipe", "sft", str(tmp_path / "chats.parquet"), *SMALL, "--steps", "1"]) == 0
+
+
+def test_inspect_shows_the_trained_label_after_a_rows_last_token(tmp_path, capsys):
+    from tokenloom.inspect_cmd import render_row
+
+    # a row that ends where its conversation ends: the end token is trained, but only as the last label
+    vocab = {1: "<|user|>", 2: "Q", 3: "<|end|>", 4: "<|assistant|>", 5: "A"}
+    decode = lambda xs: "".join(vocab[x] for x in xs)  # noqa: E731
+    ids, labels, segments = [1, 2, 3, 4, 5], [-100, -100, -100, 5, 3], [1] * 5
+    row = render_row(decode, ids, labels, segments, show_trained=True, chars=100, color=False)
+    assert row == "<|user|>Q<|end|><|assistant|>[[A]] → [[<|end|>]]", row
+    assert render_row(decode, ids, labels, segments, show_trained=True, chars=3, color=False).endswith(" → [[<|end|>]]")
+    assert "→" not in render_row(decode, ids, labels[:-1] + [-100], segments, show_trained=True, chars=100, color=False)
+    assert "→" not in render_row(decode, ids, labels, segments, show_trained=False, chars=100, color=False)
+
+    # on the command line: rows shorter than the conversations end inside an answer
+    rng = np.random.default_rng(0)
+    chats = write_jsonl(tmp_path / "chats.jsonl", [conversation(i, rng) for i in range(40)])
+    assert main(["inspect", "--recipe", "sft", chats, "--tokenizer", "demo", "--seq-len", "24", "--batch-size", "4",
+                 "--color", "never"]) == 0
+    out = capsys.readouterr().out
+    assert "→ the trained label after a row's last token" in out
+    batch = next(iter(sft(chats, tokenizer="demo", seq_len=24, batch_size=4)))
+    rows = [line for line in out.splitlines() if line.startswith("  ")]
+    ends = [bool(line.rstrip().endswith("]]") and " → [[" in line) for line in rows]
+    assert ends == [bool(label != -100) for label in batch["labels"][:, -1].tolist()] and any(ends), rows

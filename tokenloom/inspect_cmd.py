@@ -5,8 +5,11 @@ loader, so what it shows is what training would get. Per row: the segments
 (documents or chunks) and their lengths, then the text with `` ‖ `` between
 segments, padding as ``<pad xN>``, newlines as ``↵``, and for ``sft`` the
 trained span (tokens whose label is not -100) in ``[[ ]]``, or in green on a
-terminal. Long rows are cut after ``--chars`` characters of text; a row's
-trailing padding is still shown.
+terminal. The label after a row's last token is no token of the row (it is
+``labels[:, -1]``): when it is trained, as when a row ends just before a
+conversation's end token, ``sft`` rows end with ``→`` and that label. Long rows
+are cut after ``--chars`` characters of text; a row's trailing padding and
+last label are still shown.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from .cli_config import add_loader_arguments, build_loader, describe, merged_set
 from .summary import IGNORE
 
 SEGMENT = " ‖ "
+LAST_LABEL = " → "
 GREEN, DIM, RESET = "\x1b[32m", "\x1b[2m", "\x1b[0m"
 
 
@@ -48,7 +52,18 @@ def _runs(segments: List[int], trained: List[bool]) -> List[Tuple[int, bool, int
 def render_row(decode, ids: List[int], labels: List[int], segments: List[int], *, show_trained: bool,
                chars: int, color: bool) -> str:
     """One row as text. Input token i is a training target when ``labels[i - 1]`` is
-    not -100 (label i - 1 is token i); that is the span sft trains."""
+    not -100 (label i - 1 is token i); that is the span sft trains. The last label
+    is the target after the row's last token: shown after ``→`` when it is trained."""
+    text = _render_inputs(decode, ids, labels, segments, show_trained=show_trained, chars=chars, color=color)
+    if show_trained and labels and labels[-1] != IGNORE:
+        last = decode([labels[-1]]).replace("\n", "↵")
+        mark = (lambda s: f"{DIM}{s}{RESET}") if color else (lambda s: s)
+        text += mark(LAST_LABEL) + (f"{GREEN}{last}{RESET}" if color else f"[[{last}]]")
+    return text
+
+
+def _render_inputs(decode, ids: List[int], labels: List[int], segments: List[int], *, show_trained: bool,
+                   chars: int, color: bool) -> str:
     trained = [show_trained and i > 0 and labels[i - 1] != IGNORE for i in range(len(ids))]
     mark = (lambda s: f"{DIM}{s}{RESET}") if color else (lambda s: s)
     out: List[str] = []
@@ -111,7 +126,8 @@ def inspect_batch(args: argparse.Namespace) -> int:
     B, T = batch["input_ids"].shape
     legend = "‖ between segments, <pad xN> = N padding tokens, ↵ = newline"
     if show_trained:
-        legend += ", trained span in " + ("green" if color else "[[ ]]")
+        legend += ", trained span in " + ("green" if color else "[[ ]]") + \
+            ", → the trained label after a row's last token"
     print(f"first batch: {B} rows x {T} tokens; {legend}")
     for r in range(min(args.rows, B)):
         ids = batch["input_ids"][r].tolist()
