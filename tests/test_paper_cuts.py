@@ -414,3 +414,54 @@ def test_inspect_shows_the_trained_label_after_a_rows_last_token(tmp_path, capsy
     rows = [line for line in out.splitlines() if line.startswith("  ")]
     ends = [bool(line.rstrip().endswith("]]") and " → [[" in line) for line in rows]
     assert ends == [bool(label != -100) for label in batch["labels"][:, -1].tolist()] and any(ends), rows
+
+
+def test_resume_takes_every_old_ranks_state_file_for_an_elastic_resume(two_sources, tmp_path, capsys):
+    from tokenloom.state_file import save
+
+    base = ["run", *two_sources, *SMALL, "--steps", "3"]
+    # a state of one rank and no workers, resumed with 2 workers: the advice names the flags that do it
+    one = str(tmp_path / "w0.pt")
+    assert main([*base, "--save-state", one]) == 0
+    capsys.readouterr()
+    assert main([*base, "--workers", "2", "--resume", one]) == 2
+    line = error_line(capsys)
+    assert "num_workers: saved with 0, this loader has 2 (data is sharded per loader worker; pass the same " \
+           "--workers to resume exactly, or pass every old rank's state file to --resume (elastic resume; one " \
+           "file: add --elastic) to continue with these workers)" in line, line
+    assert "load_state_dict" not in line and "[state" not in line, line
+    assert main([*base, "--workers", "2", "--resume", one, "--elastic"]) == 0
+    assert f"resumed from {one} (elastic resume; saved by 1 rank(s) with 0 workers): round 0, 3 batches " \
+           "already taken" in capsys.readouterr().out
+
+    # the states of a 2-rank run, saved as --save-state saves them, resumed by this 1-rank command
+    sources = dict(s.split("=", 1) for s in two_sources)
+    ranks = [str(tmp_path / f"r{r}.pt") for r in range(2)]
+    for r, path in enumerate(ranks):
+        loader = pretrain(sources, tokenizer="demo", seq_len=32, batch_size=2, buffer_size=40, rank=r, world_size=2)
+        for _, _ in zip(range(4), loader):
+            pass
+        save(path, loader.state_dict())
+    assert main([*base, "--resume", ranks[0]]) == 2
+    line = error_line(capsys)
+    assert "world_size: saved with 2, this loader has 1 (positions are per rank; resume with the same number of " \
+           "ranks, or pass every old rank's state file to --resume (elastic resume) to continue on this topology)" \
+           in line, line
+    for resume in (["--resume", *ranks], ["--resume", ranks[0], "--resume", ranks[1]]):
+        assert main([*base, *resume]) == 0
+        assert f"resumed from {ranks[0]}, {ranks[1]} (elastic resume; saved by 2 rank(s) with 0 workers): round 0, " \
+               "4 batches already taken" in capsys.readouterr().out
+    # the words after the state files that are sources are sources again
+    assert main(["run", *SMALL, "--steps", "3", "--resume", *ranks, *two_sources]) == 0
+    assert "elastic resume; saved by 2 rank(s)" in capsys.readouterr().out
+    assert main([*base, "--elastic"]) == 2
+    assert "--elastic applies to a resumed run: add --resume FILE" in error_line(capsys)
+
+
+def test_every_elastic_resume_hint_is_said_in_flags():
+    from tokenloom.pipes.loader.bridge import CONFIG_HINTS
+
+    for key in ("world_size", "num_workers"):
+        said = for_cli(CONFIG_HINTS[key])
+        assert "pass every old rank's state file to --resume (elastic resume" in said, said
+        assert "load_state_dict" not in said and "[state, ...]" not in said, said

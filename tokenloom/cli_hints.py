@@ -42,6 +42,12 @@ _PHRASES = (
     ("per source as {name: value}", "per source as name=value"),          # check_config's "text"
     ("or {source name: value} for each", "or name=value for each source"),  # check_args.per_source
     ("the sft recipe, sft(...)", "the sft recipe, --recipe sft"),           # sources.files.sft_advice
+    # check_config's world_size and num_workers (an old run of one rank is one file: --elastic)
+    ("pass load_state_dict the list of every old rank's state, [state, ...], to continue on this topology "
+     "(elastic resume)", "pass every old rank's state file to --resume (elastic resume) to continue on this topology"),
+    ("pass load_state_dict the list of every old rank's state, [state, ...], to continue with these workers "
+     "(elastic resume)", "pass every old rank's state file to --resume (elastic resume; one file: add --elastic) "
+     "to continue with these workers"),
 )
 _QUOTED = re.compile(r"(?<![\w])'[^'\n]*'(?![\w])|(?<![\w])\"[^\"\n]*\"(?![\w])")
 _KEYWORD = re.compile(r"(?<![\w.\-])([a-z_][a-z0-9_]*)=(?!=)")

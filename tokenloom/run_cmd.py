@@ -5,17 +5,24 @@ files before a training job, and checking what a checkpoint would hold.
 ``--save-state`` writes ``loader.state_dict()`` after the last step and
 ``--resume`` loads one before the first, so two short runs give exactly the
 batches of one long run; ``--dump-batches`` saves the batches themselves
-(a list of dicts of tensors) to compare runs.
+(a list of dicts of tensors) to compare runs. ``--resume`` with every old
+rank's state file (``--resume r0.pt r1.pt``, or ``--resume`` repeated), or one
+file and ``--elastic``, continues a run saved with other ranks or ``--workers``
+(an elastic resume: ``load_state_dict([state, ...])``; every document of the
+interrupted epoch once, in other batches).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any, Dict, List
 
 from tokenloom.pipes.loader.bridge import decode_state
 
-from .cli_config import add_loader_arguments, build_loader, describe, merged_settings, steps_to_take
+from tokenloom.pipes.sources.files import FORMAT_SUFFIXES
+
+from .cli_config import _NAMED, _URI, add_loader_arguments, build_loader, describe, merged_settings, steps_to_take
 from .progress import Progress
 from .state_file import load_state, save
 from .summary import Trace, encoder_of, state_bytes, summary_lines, take
@@ -26,7 +33,11 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
                        description=__doc__.split("\n\n")[0])
     add_loader_arguments(p)
     p.add_argument("--save-state", metavar="FILE", help="torch.save(loader.state_dict()) here after the last step")
-    p.add_argument("--resume", metavar="FILE", help="load a state saved by --save-state before the first step")
+    p.add_argument("--resume", metavar="FILE", action=StateFiles, default=None,
+                   help="load a state saved by --save-state before the first step; several files (every old rank's, "
+                        "or --resume repeated): an elastic resume, for other ranks or --workers than they were saved with")
+    p.add_argument("--elastic", action="store_true",
+                   help="with --resume: an elastic resume from one file too (a 1-rank run saved with other --workers)")
     p.add_argument("--allow-weight-change", action="store_true",
                    help="with --resume: accept --weights other than the saved ones (the new mixture starts here)")
     p.add_argument("--dump-batches", metavar="FILE", help="torch.save the batches produced (a list of dicts)")
@@ -35,20 +46,60 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p.set_defaults(run=run)
 
 
+_SOURCE_ENDINGS = tuple(e for endings in FORMAT_SUFFIXES.values() for e in endings)
+
+
+class StateFiles(argparse.Action):
+    """``--resume FILE [FILE ...]``, repeatable. The words after the first that look like sources
+    (``name=path``, a directory, a glob, a URI, a parquet/jsonl/txt file) go back to the sources,
+    as ``--text-column`` hands them back, so ``--resume state.pt data/`` still reads ``data/``."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs="+", **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        take, rest = list(values[:1]), []
+        for v in values[1:]:
+            (rest if _source_like(v) else take).append(v)
+        setattr(namespace, self.dest, list(getattr(namespace, self.dest, None) or []) + take)
+        if rest:
+            namespace.sources = list(getattr(namespace, "sources", None) or []) + rest
+
+
+def _source_like(word: str) -> bool:
+    return (_NAMED.match(word) is not None or _URI.match(word) is not None or "*" in word or os.path.isdir(word)
+            or word.split("?", 1)[0].lower().endswith(_SOURCE_ENDINGS))
+
+
+def resume(loader: Any, files: List[str], states: List[Dict[str, Any]], *, elastic: bool,
+           allow_weight_change: bool) -> str:
+    """Load the states (one: exactly; several, or ``elastic``: the list, an elastic resume) and say what was loaded."""
+    if not elastic:
+        loader.load_state_dict(states[0], allow_weight_change=allow_weight_change)
+        meta = decode_state(states[0])["tokenloom"]
+        return f"resumed from {files[0]}: round {meta['round']}, {meta['steps']} batches already taken"
+    loader.load_state_dict(states, allow_weight_change=allow_weight_change)
+    meta = decode_state(states[0])["tokenloom"]
+    saved = meta["config"]
+    return (f"resumed from {', '.join(files)} (elastic resume; saved by {saved.get('world_size', 1)} rank(s) with "
+            f"{saved.get('num_workers', 0)} workers): round {meta['round']}, {meta['steps']} batches already taken")
+
+
 def run(args: argparse.Namespace) -> int:
     settings = merged_settings(args)
     args.recipe_built = settings.get("recipe")  # names the recipe's flags in an error
-    if args.allow_weight_change and not args.resume:
-        raise ValueError("--allow-weight-change applies to a resumed run: add --resume FILE, or leave it out")
+    for flag, given in (("--allow-weight-change", args.allow_weight_change), ("--elastic", args.elastic)):
+        if given and not args.resume:
+            raise ValueError(f"{flag} applies to a resumed run: add --resume FILE, or leave it out")
     steps = steps_to_take(settings)
-    # Read the state before building: a wrong path should not cost a corpus listing first.
-    state = load_state(args.resume, "--resume") if args.resume else None
+    # Read the states before building: a wrong path should not cost a corpus listing first.
+    files = args.resume or []
+    states = [load_state(f, "--resume") for f in files]
     recipe, loader = build_loader(settings)
     print(describe(recipe, loader))
-    if state is not None:
-        loader.load_state_dict(state, allow_weight_change=args.allow_weight_change)
-        meta = decode_state(state)["tokenloom"]
-        print(f"resumed from {args.resume}: round {meta['round']}, {meta['steps']} batches already taken")
+    if states:
+        print(resume(loader, files, states, elastic=args.elastic or len(files) > 1,
+                     allow_weight_change=args.allow_weight_change))
 
     dumped: List[Dict[str, Any]] = []
     keep = (lambda i, batch: dumped.append(batch)) if args.dump_batches else None
