@@ -27,8 +27,9 @@ decoding, token lookups and the fingerprint stay with `tokenizers`, so a state
 saved on one engine resumes on the other.
 
 Trade-off: the choice costs 0.3-0.45 s at 32k ids (0.03 s for the 4k demo
-tokenizer): conversion, the vocabulary check and the sample, once in the main
-process. Workers receive the verdict with the serialized tokenizer and rebuild
+tokenizer; ~1 s at 100k): conversion, the vocabulary check and the sample, once in the main
+process, and once per tokenizer file: the verdict and the conversion are kept in the
+tokenizer cache (tokenizer_cache.py), so a later build reads them instead. Workers receive the verdict with the serialized tokenizer and rebuild
 the Encoding from it without checks, ~0.1 s once per process (`encoding`
 caches it). In return, on 2 cores (stdlib corpus, byte-level BPEs of 32k ids
 trained locally, benchmarks/tokenizer_speed.py, RESULTS.md "tokenizer speed"):
@@ -43,12 +44,15 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 #: ``tokenizers``' ByteLevel pre-tokenizer regex (use_regex=True), which is GPT-2's.
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+
+#: A conversion: (regex, {token bytes: rank}, {special token: id}, ignore_merges).
+Parts = Tuple[str, Dict[bytes, int], Dict[str, int], bool]
 
 #: Set to 0 to keep `tokenizers` as the engine even where tiktoken would give the same ids.
 ENV_SWITCH = "TOKENLOOM_TIKTOKEN"
@@ -236,13 +240,15 @@ def _build(parts: Tuple[str, Dict[bytes, int], Dict[str, int], bool]) -> Any:
     return tiktoken.Encoding("tokenloom-bpe", pat_str=pat, mergeable_ranks=ranks, special_tokens=specials)
 
 
-def encoding(payload: str) -> Any:
+def encoding(payload: str, cached: Optional[Callable[[], Optional[Parts]]] = None) -> Any:
     """The `tiktoken.Encoding` for a tokenizer.json text `choose` accepted, built once per
-    process (a loader worker rebuilds it from the payload it was sent: ~0.1 s at 32k ids)."""
+    process (a loader worker rebuilds it: from the tokenizer cache's conversion, ``cached()``,
+    0.1 s at 100k ids, else by converting the payload it was sent, 0.5 s)."""
     with _encodings_lock:
         enc = _encodings.get(payload)
         if enc is None:
-            enc = _encodings[payload] = _build(convert(payload))
+            parts = cached() if cached is not None else None
+            enc = _encodings[payload] = _build(parts if parts is not None else convert(payload))
         return enc
 
 
@@ -253,15 +259,31 @@ def sample_texts() -> List[str]:
     return list(SAMPLE) + [source[i:i + 2048] for i in range(0, len(source), 2048)]
 
 
+def switched_off() -> Optional[str]:
+    """Why tiktoken is not to be used whatever the file (the environment switch), or None."""
+    if os.environ.get(ENV_SWITCH, "1").strip().lower() in ("0", "false", "no", "off"):
+        return f"{ENV_SWITCH}={os.environ[ENV_SWITCH]}"
+    return None
+
+
 def choose(payload: str, reference: Any, sample: Optional[Sequence[str]] = None) -> Tuple[Optional[Any], str]:
     """(tiktoken Encoding or None, why) for a tokenizer.json text; ``reference`` is the
     `tokenizers.Tokenizer` the loader would use otherwise (special tokens as text)."""
-    if os.environ.get(ENV_SWITCH, "1").strip().lower() in ("0", "false", "no", "off"):
-        return None, f"{ENV_SWITCH}={os.environ[ENV_SWITCH]}"
+    off = switched_off()
+    if off:
+        return None, off
+    enc, _, why = verdict(payload, reference, sample)
+    return enc, why
+
+
+def verdict(payload: str, reference: Any, sample: Optional[Sequence[str]] = None
+            ) -> Tuple[Optional[Any], Optional[Parts], str]:
+    """(tiktoken Encoding, its conversion, why) where tiktoken gives the same ids, else (None, None,
+    why); the environment switch aside (`choose`), so the verdict can be kept per tokenizer."""
     try:
         import tiktoken  # noqa: F401
     except ImportError:
-        return None, "tiktoken is not installed (pip install 'tokenloom[tiktoken]' may be faster)"
+        return None, None, "tiktoken is not installed (pip install 'tokenloom[tiktoken]' may be faster)"
     try:
         parts = convert(payload)
         if not parts[3]:
@@ -270,20 +292,20 @@ def choose(payload: str, reference: Any, sample: Optional[Sequence[str]] = None)
                 raise NotConvertible(problem)
         enc = _build(parts)
     except NotConvertible as e:
-        return None, f"not convertible to tiktoken: {e}"
+        return None, None, f"not convertible to tiktoken: {e}"
     except Exception as e:  # e.g. tiktoken's regex engine rejects the pattern
-        return None, f"tiktoken cannot build it: {type(e).__name__}: {e}"
+        return None, None, f"tiktoken cannot build it: {type(e).__name__}: {e}"
     texts = sample_texts() if sample is None else list(sample)
     ours = encode_batch(enc, texts, threads=1)
     theirs = reference.encode_batch_fast(texts, add_special_tokens=False)
     for i, (a, b) in enumerate(zip(ours, theirs)):
         if a.tolist() != b.ids:
             at = next((j for j, (x, y) in enumerate(zip(a.tolist(), b.ids)) if x != y), min(len(a), len(b.ids)))
-            return None, f"ids differ from tokenizers on sample text #{i} {texts[i][:40]!r} at token {at}"
+            return None, None, f"ids differ from tokenizers on sample text #{i} {texts[i][:40]!r} at token {at}"
     with _encodings_lock:
         _encodings.setdefault(payload, enc)
     size = sum(len(t.encode("utf-8")) for t in texts)
-    return enc, f"same ids as tokenizers on a {size / 1024:.0f} KB sample"
+    return enc, parts, f"same ids as tokenizers on a {size / 1024:.0f} KB sample"
 
 
 _pool_lock = threading.Lock()

@@ -16,6 +16,14 @@ import pytest
 
 from tokenloom.sample_data import build_demo_corpus, default_tokenizer_path
 
+# The tokenizer cache (pipes/tokenizer_cache.py) of the tests lives in a directory of their own,
+# not in the user's ~/.cache; the xdist workers and the subprocesses the tests start (torchrun jobs,
+# fresh-process resumes) inherit it, so it is also shared by concurrent processes, as on a cluster.
+if "TOKENLOOM_CACHE" not in os.environ:
+    import tempfile as _tempfile
+
+    os.environ["TOKENLOOM_CACHE"] = _tempfile.mkdtemp(prefix="tokenloom-test-cache-")
+
 WORDS = ("the of and to in is was for on that with as by at from it an be this which or are "
          "loader token batch shard worker epoch resume packing buffer parquet row group").split()
 
