@@ -263,6 +263,7 @@ class PackedGraph:
     long_conversations: str = "truncate"
     end_label: Optional[int] = None  # the label after a whole document's last token: BOS id or -100
     buffer_tokens: Optional[int] = None  # best-fit: tokens the buffer holds at most (None: the packer's default)
+    max_wait: Optional[int] = None  # best-fit: pulls a buffered document waits at most (None: buffer_size)
 
     def source_names(self) -> List[str]:
         """The sources in order: a graph that names them can resume on another topology (elastic.py)."""
@@ -301,7 +302,7 @@ class PackedGraph:
         else:
             packer = BestFitPack(mixed, seq_len=self.seq_len, buffer_size=self.buffer_size, pad_id=self.pad_id,
                                  mode="crop" if self.packing == "bestfit-crop" else "bestfit",
-                                 buffer_tokens=self.buffer_tokens)
+                                 buffer_tokens=self.buffer_tokens, max_wait=self.max_wait)
         names = [p.name for p in self.plans]
         batch = Batch(packer, batch_size=self.batch_size, seq_len=self.seq_len, pad_id=self.pad_id,
                       sources=names, clock=clock, end_label=self.end_label)
@@ -391,6 +392,7 @@ def packed_loader(
     predict_bos: bool = True,
     pad: Union[str, int, None] = None,
     buffer_tokens: Optional[int] = None,
+    max_wait: Optional[int] = None,
     cache: Any = None,
     cache_strict: bool = False,
     loader_kwargs: Mapping[str, Any],
@@ -403,6 +405,7 @@ def packed_loader(
                                         (("seq_len", seq_len), ("batch_size", batch_size), ("buffer_size", buffer_size)))
     num_workers, seed = check_int("num_workers", num_workers, 0), check_int("seed", seed, 0)
     buffer_tokens = check_int("buffer_tokens", buffer_tokens, 1, none_ok=True, none_means="the packer's default")
+    max_wait = check_int("max_wait", max_wait, 1, none_ok=True, none_means="buffer_size")
     epochs = check_int("epochs", epochs, 1, none_ok=True, none_means="cycle forever")
     if packing not in PACKINGS:
         raise ValueError(f"{packing=} is not one of {PACKINGS}")
@@ -456,7 +459,7 @@ def packed_loader(
 
     graph = PackedGraph(plans, encoder, bos_id, eos_id, seq_len, batch_size, packing, buffer_size, seed, epochs,
                         pad_id, weights, mix, weights_unit, stop, cycle_exhausted, pattern, burst, chat,
-                        long_conversations, end_label, buffer_tokens)
+                        long_conversations, end_label, buffer_tokens, max_wait)
     texts = {n: f"column={columns[n]} mode={modes[n]}" for n in names}
     config: Dict[str, Any] = {
         "world_size": world_size,
@@ -466,6 +469,7 @@ def packed_loader(
         "batch_size": batch_size,
         "packing": packing,
         "buffer_size": buffer_size if packing != "flat" else None,
+        "max_wait": (buffer_size if max_wait is None else max_wait) if packing != "flat" else None,
         "buffer_tokens": (BestFitPack.resolve_buffer_tokens(buffer_tokens, seq_len, "crop" if packing == "bestfit-crop"
                                                             else "bestfit", buffer_size) if packing != "flat" else None),
         "seed": seed,

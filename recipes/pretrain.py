@@ -45,6 +45,7 @@ def pretrain(
     predict_bos: bool = True,
     pad: Union[str, int, None] = None,
     buffer_tokens: Optional[int] = None,
+    max_wait: Optional[int] = None,
     cache: Any = None,
     cache_strict: bool = False,
     **loader_kwargs: Any,
@@ -68,7 +69,11 @@ def pretrain(
     trained across a document boundary), the same in every packing mode. ``pad``: the
     token string or id of padding ``input_ids`` (default: the BOS id). ``buffer_tokens``: the
     most tokens the best-fit buffer holds (default: 16 rows' worth; ``"bestfit-crop"``: half a row per
-    document of ``buffer_size``), which bounds what a resume re-reads.
+    document of ``buffer_size``), which bounds what a resume re-reads. ``max_wait``: the pulls a
+    buffered document may wait before it starts the next rows (default: ``buffer_size``); with
+    ``buffer_tokens`` it is the delay bound. ``"bestfit-crop"`` crops less the longer short
+    documents may wait for a gap, and a resume re-reads more: raise both to trade resume time
+    for tokens (benchmarks/RESULTS.md, "crop wait").
     ``cache``: the directory (path or URI) ``tokenloom tokenize --out`` wrote, or ``{name: directory}``:
     token ids are read from it instead of text, giving bitwise the same batches and states that load
     either way; a unit it lacks is tokenized (``stats()["sources"][name]["tokenized"]``), or refused
@@ -80,5 +85,5 @@ def pretrain(
         buffer_size=buffer_size, epochs=epochs, num_workers=num_workers, seed=seed, rank=rank,
         world_size=world_size, text_column=text_column, eos=eos, mix=mix, weights_unit=weights_unit, stop=stop,
         cycle_exhausted=cycle_exhausted, pattern=pattern, burst=burst, text_mode=text_mode, rank_sync=rank_sync,
-        manifest=manifest, predict_bos=predict_bos, pad=pad, buffer_tokens=buffer_tokens,
+        manifest=manifest, predict_bos=predict_bos, pad=pad, buffer_tokens=buffer_tokens, max_wait=max_wait,
         cache=cache, cache_strict=cache_strict, loader_kwargs=loader_kwargs)

@@ -135,3 +135,41 @@ def test_a_cache_built_under_other_source_names_is_an_error(two_sources, tok_pat
     assert "build and train with the same names" in msg and "leave cache= out" in msg, msg
     with pytest.warns(UserWarning, match="holds no token cache"):  # one source of two cached: the other tokenized
         pretrain({"c": two_sources["code"], "other": two_sources["man"]}, tokenizer=tok_path, cache=out)
+
+
+def test_max_wait_is_a_setting_of_the_run(two_sources, tok_path):
+    """bestfit-crop's waiting bound, a choice (issue 27): it decides the rows, so it is part of
+    the configuration; the default follows buffer_size, and a changed buffer_size says so once."""
+    kw = dict(tokenizer=tok_path, seq_len=63, batch_size=2, packing="bestfit-crop", buffer_size=40)
+    loader = pretrain(two_sources, **kw)
+    assert loader.config["max_wait"] == 40
+    state, _ = _after(loader, 3)
+    pretrain(two_sources, max_wait=40, **kw).load_state_dict(state)  # the default, spelt out
+    with pytest.raises(ValueError, match=r"max_wait: saved with 40, this loader has 400 \(pass the same max_wait"):
+        pretrain(two_sources, max_wait=400, **kw).load_state_dict(state)
+    with pytest.raises(ValueError) as e:
+        pretrain(two_sources, **{**kw, "buffer_size": 80}).load_state_dict(state)
+    lines = str(e.value).splitlines()[1:]
+    assert len(lines) == 1 and "max_wait differs as a consequence: saved with 40, this loader has 80" in lines[0], lines
+    with pytest.raises(ValueError, match=r"max_wait=0 must be >= 1"):
+        pretrain(two_sources, max_wait=0, **kw)
+    assert pretrain(two_sources, **{**kw, "packing": "flat"}).config["max_wait"] is None
+
+
+def test_a_longer_wait_crops_less_on_short_and_long_documents(tmp_path, tok_path):
+    """What users buy with it: fewer tokens discarded (on documents between half a row and a
+    row, the ones crop loses most), never more."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    texts = [" ".join(["word"] * int(n)) for n in rng.integers(20, 60, 600)]
+    path = tmp_path / "d.parquet"
+    pq.write_table(pa.table({"text": texts}), path, row_group_size=100)
+    kw = dict(tokenizer=tok_path, seq_len=63, batch_size=4, packing="bestfit-crop", buffer_size=8, epochs=1)
+    discarded = {}
+    for wait in (None, 64):
+        loader = pretrain(str(path), max_wait=wait, buffer_tokens=None if wait is None else 64 * 64, **kw)
+        list(loader)
+        s = loader.stats()
+        discarded[wait] = s["discarded"] / s["tokens_in"]
+    assert discarded[64] < discarded[None], discarded

@@ -223,6 +223,7 @@ CONFIG_HINTS = {
     "seed": "pass the same seed",
     "rank": "each rank must load its own state",
     "epochs": "pass the same epochs",
+    "max_wait": "pass the same max_wait (how long a buffered document may wait decides the rows)",
     "weights": "pass the same weights, or pass allow_weight_change=True to load_state_dict to switch mixtures at this point",
     "source_order": "the order of the sources decides the mix's ties and the sequence; pass them in the saved order",
     "text": "documents are read from this column (text files: split this way); pass the saved text_column= "
@@ -248,7 +249,8 @@ def check_config(saved: Mapping[str, Any], current: Mapping[str, Any], *, ignore
     given (pretrain's and sft's ``buffer_tokens`` from ``seq_len``, ``packing`` and ``buffer_size``,
     recipes/packed.py; ``buffer_size``, None under ``packing="flat"``) is told on the line of the
     setting it follows from, as a consequence, rather than as a change of its own."""
-    derived = {"buffer_tokens": ("seq_len", "packing", "buffer_size"), "buffer_size": ("packing",)}
+    derived = {"buffer_tokens": ("seq_len", "packing", "buffer_size"), "buffer_size": ("packing",),
+               "max_wait": ("buffer_size", "packing")}
     found: Dict[str, List[str]] = {}
     for key in sorted(set(saved) | set(current)):
         if key in ignore:
