@@ -116,6 +116,25 @@ def plan_epoch(unit_rows: np.ndarray, *, seed: int, epoch: int, shard: int, num_
                        shuffle=shuffle).slices(shard)
 
 
+class EpochPlans:
+    """Every shard's slices, one `plan_shards` call per epoch, kept: what an elastic resume reads of
+    all the old shards at once (a `ShardUnits` given ``plans=`` takes its slices from here instead of
+    permuting the units itself; ~45 ms an epoch for 8,000 shards of 200,000 units, where 8,000
+    single-shard plans cost a permutation each)."""
+
+    def __init__(self, unit_rows: np.ndarray, *, seed: int, num_shards: int, shuffle: bool = True):
+        self.unit_rows = np.asarray(unit_rows, dtype=np.int64)
+        self.seed, self.num_shards, self.shuffle = seed, num_shards, shuffle
+        self._plans: Dict[int, EpochPlan] = {}
+
+    def slices(self, epoch: int, shard: int) -> List[WorkSlice]:
+        plan = self._plans.get(epoch)
+        if plan is None:
+            plan = self._plans[epoch] = plan_shards(self.unit_rows, seed=self.seed, epoch=epoch,
+                                                    num_shards=self.num_shards, shuffle=self.shuffle)
+        return plan.slices(shard)
+
+
 def unread_after(parent: "ShardUnits", current: Optional[WorkSlice], done: int, upto_epoch: int) -> List[WorkSlice]:
     """What a reader has not read yet of epochs up to ``upto_epoch``: the rest of its current
     slice (``done`` rows of it read) and the slices its sharder has not emitted. A reader
@@ -161,14 +180,19 @@ class ShardUnits(Node[WorkSlice]):
     def __init__(self, unit_rows: np.ndarray, *, shard: int, num_shards: int, seed: int,
                  epochs: Optional[int] = None, first_epoch: int = 0, shuffle: bool = True,
                  what: str = "the corpus", prefix: Sequence[WorkSlice] = (), resume_epoch: Optional[int] = None,
-                 prefix_offset: int = 0):
+                 prefix_offset: int = 0, plans: Optional[EpochPlans] = None):
         super().__init__()
         if not 0 <= shard < num_shards:
             raise ValueError(f"{shard=} must be in [0, {num_shards=})")
         if epochs is not None and epochs < 1:
             raise ValueError(f"{epochs=} must be None (endless) or >= 1")
         self.unit_rows = np.asarray(unit_rows, dtype=np.int64)
-        check_shardable(int(self.unit_rows.sum()), num_shards, what)
+        if plans is None:
+            check_shardable(int(self.unit_rows.sum()), num_shards, what)
+        elif (plans.num_shards, plans.seed, plans.shuffle) != (num_shards, seed, shuffle):
+            raise ValueError(f"plans= is for {plans.num_shards} shards, seed {plans.seed}, shuffle {plans.shuffle}; "
+                             f"this sharder has {num_shards=}, {seed=}, {shuffle=}")
+        self.plans = plans
         self.shard, self.num_shards, self.seed = shard, num_shards, seed
         self.epochs, self.first_epoch, self.shuffle = epochs, first_epoch, shuffle
         # A saved plan drops the prefix slices no restore can need again: prefix[0] is slice
@@ -202,6 +226,8 @@ class ShardUnits(Node[WorkSlice]):
         return self.epochs is not None and self._epoch >= self.first_epoch + self.epochs
 
     def _plan_of(self, epoch: int) -> List[WorkSlice]:
+        if self.plans is not None:
+            return self.plans.slices(epoch, self.shard)
         return plan_epoch(self.unit_rows, seed=self.seed, epoch=epoch, shard=self.shard,
                           num_shards=self.num_shards, shuffle=self.shuffle)
 

@@ -71,11 +71,15 @@ class Tokenize(Node[TokenDoc]):
         self._out: List[TokenDoc] = []
         self._emitted = 0
         self._skip = 0
+        self._untouched = False  # restored from a state and not read since (savepoint.py)
+        self._origins: Optional[np.ndarray] = None  # in_flight_origins of the batch _origins_of
+        self._origins_of: Optional[list] = None
         self._encoded = 0  # documents encoded from text so far
         self._encoded_before = 0  # ... before the current batch
 
     def reset(self, initial_state: Optional[Dict[str, Any]] = None) -> None:
         self._out, self._emitted = [], 0
+        self._untouched = initial_state is not None
         if initial_state is None:
             self.parent.reset(None)
             self._batch_state, self._skip = None, 0
@@ -88,6 +92,7 @@ class Tokenize(Node[TokenDoc]):
         self._encoded_before = self._encoded
 
     def _fill(self) -> None:
+        self._untouched = False
         self._batch_state = self.parent.state_dict()
         docs: List[Doc] = []
         chars = 0
@@ -145,6 +150,20 @@ class Tokenize(Node[TokenDoc]):
         if self._skip and self._emitted >= len(self._out):
             self._fill()
         return self._out[self._emitted:]
+
+    def in_flight_origins(self) -> np.ndarray:
+        """``(epoch, unit, pos, used)`` of each document read but not handed on (`in_flight` without
+        reading: an int64 array of shape (n, 4)), for a packer's save point (pack/savepoint.py). One
+        Python pass per batch, kept for the batch's later calls."""
+        if self._origins_of is not self._out:
+            self._origins = np.asarray([d[3:7] for d in self._out], np.int64).reshape(-1, 4)
+            self._origins_of = self._out
+        return self._origins[self._emitted:]
+
+    def untouched_since_restore(self) -> bool:
+        """Restored from a state and not read since: it stands where that state put it, and its
+        documents in flight are known only from the state's save point (pack/savepoint.py)."""
+        return self._untouched
 
     @property
     def encoded(self) -> int:

@@ -31,6 +31,7 @@ from hypothesis import strategies as st
 from tokenloom.cli import main
 from tokenloom.pipes import load_encoder
 from tokenloom.pipes.loader import decode_state
+from tokenloom.pipes.pack.savepoint import SOURCE_FIELDS, SavePoint
 from tokenloom.pipes.sources.cache import build_cache
 from tokenloom.pipes.sources.cache_format import (TOKENS_DIR, WRITER_OPTIONS, UnitTexts, dtype_for, file_units,
                                                   ids_array, read_ids)
@@ -64,8 +65,11 @@ def _take(loader, n):
 
 
 def _positions(state):
-    """The loader state without what differs by design: documents encoded from text, and the
-    DataLoader's random base seed (each loader draws its own; tokenloom's nodes do not use it)."""
+    """The loader state without what differs by design: documents encoded from text (also in a
+    packer's save point, after each source's position fields), and the DataLoader's random base
+    seed (each loader draws its own; tokenloom's nodes do not use it)."""
+    if isinstance(state, dict) and set(state) == set(SavePoint.KEYS):
+        return {**state, SavePoint.SOURCES: {n: e[:len(SOURCE_FIELDS)] for n, e in state[SavePoint.SOURCES].items()}}
     if isinstance(state, dict):
         return {k: _positions(v) for k, v in state.items() if k not in ("encoded", "_base_seed")}
     if isinstance(state, list):

@@ -400,7 +400,7 @@ def test_an_elastic_resume_carries_the_mixers_totals_at_the_save(ids_corpus):
     runs = old_run(build, 2, 0, steps=9)
     for r in range(2):
         state = decode_state(runs[r].final)
-        old = build(r, 2, 0)._old_shards(state, state["tokenloom"]["round"], 2, 0)[0]
+        old = build(r, 2, 0)._old_shards([state], state["tokenloom"]["round"], 2, 0)[0]
         # the mixer as it stood at the save: the same state resumed and its packer replayed
         resumed = build(r, 2, 0)
         resumed.load_state_dict(runs[r].final)

@@ -42,7 +42,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from ..base import StateError
 from ..check_args import per_source_changes
 from .direct_queue import direct_context
-from .elastic import CARRY, OldShard, apply_carry, plan_shards, trimmed, worker_trees
+from .elastic import CARRY, OldShard, apply_carry, plan_shards, read_old_shards, trimmed, worker_trees
 from ..sources.fingerprint import check_sources
 from .wire import DROP_KEY, STALE_KEY, STALE_MESSAGE, STATS_KEY, WireBatch, public_batch  # noqa: F401 (re-exported)
 from .snapshot import WholeState, keep_snapshots_flat, nested_snapshot
@@ -55,7 +55,8 @@ from .worker_threads import single_thread_tokenizers
 #: 3: the round's phase (data / padding / over) is saved.
 #: 4: the best-fit buffer ramps up and is bounded in tokens (buffer_tokens); crop starts rows with long documents.
 #: 5: no segment starts in a row's label slot (flat, bestfit); the run's history (lineage) is saved.
-STATE_VERSION = 5
+#: 6: packers record their save point (pack/savepoint.py): an elastic resume reads no old shard again.
+STATE_VERSION = 6
 STATE_FORMAT = "tokenloom.loader"
 
 
@@ -631,13 +632,12 @@ class TokenLoomLoader(StatefulDataLoader):
         if phases == {self.OVER}:
             self.dataset.round, self.dataset.elastic = round_ + 1, None
         else:
-            old = []
-            for d in sorted(decoded, key=lambda d: int(d[self.META][self.CONFIG]["rank"])):
-                old += self._old_shards(d, round_, old_world, old_workers)
+            old = self._old_shards([d for d in sorted(decoded, key=lambda d: int(d[self.META][self.CONFIG]["rank"]))],
+                                   round_, old_world, old_workers)
             epochs = self.config.get("epochs")
             plans = plan_shards(old, factory.source_names(), new_shards=range(rank * workers, (rank + 1) * workers),
                                 num_new=world * workers, step=steps, round_=round_,
-                                last_epoch=None if epochs is None else (round_ + 1) * epochs - 1, schedule_shares=())
+                                last_epoch=None if epochs is None else (round_ + 1) * epochs - 1)
             self.dataset.round = round_
             self.dataset.elastic = {"round": round_, "shards": {str(g - rank * workers): p for g, p in plans.items()}}
             for w in range(workers):
@@ -648,26 +648,22 @@ class TokenLoomLoader(StatefulDataLoader):
                 self._worker_stats[str(w)] = [int(x) for x in root.counters()]
         super().load_state_dict({})
 
-    def _old_shards(self, state: Mapping[str, Any], round_: int, world: int, workers: int) -> List[OldShard]:
-        """The old rank's shards, rebuilt under its topology and restored (elastic.py)."""
-        meta, inner = state[self.META], state[self.LOADER]
-        rank = int(meta[self.CONFIG]["rank"])
-        if inner.get("_steps_since_snapshot"):
-            raise ValueError(f"rank {rank}'s state was taken {inner['_steps_since_snapshot']} batches after its last "
-                             "worker snapshot (snapshot_every_n_steps > 1): an elastic resume needs the position of "
-                             "every batch; save with snapshot_every_n_steps=1 (the default)")
-        trees = worker_trees(inner) if inner else {}  # {}: saved before the round started
-        plan = meta[self.ELASTIC]
-        out = []
-        for w in range(max(workers, 1)):
-            tree = trees.get(w) or {}
-            shard_plan = plan["shards"][str(w)] if plan is not None and int(plan["round"]) == round_ else None
-            root = self.dataset.factory(ShardContext(rank, world, w, workers, round_, shard_plan))
-            root.reset(tree.get("node"))
-            if tree.get("node") is None and shard_plan is not None:
-                apply_carry(root, shard_plan[CARRY])
-            out.append(OldShard(root))
-        return out
+    def _old_shards(self, states: Sequence[Mapping[str, Any]], round_: int, world: int,
+                    workers: int) -> List[OldShard]:
+        """The old ranks' shards (``states``: decoded, in rank order) at their save points, read from
+        the states alone (elastic.py)."""
+        held = []
+        for state in states:
+            meta, inner = state[self.META], state[self.LOADER]
+            if inner.get("_steps_since_snapshot"):
+                raise ValueError(f"rank {int(meta[self.CONFIG]['rank'])}'s state was taken "
+                                 f"{inner['_steps_since_snapshot']} batches after its last worker snapshot "
+                                 "(snapshot_every_n_steps > 1): an elastic resume needs the position of every batch; "
+                                 "save with snapshot_every_n_steps=1 (the default)")
+            # {}: saved before the round started
+            held.append((int(meta[self.CONFIG]["rank"]), worker_trees(inner) if inner else {}, meta[self.ELASTIC]))
+        return read_old_shards(self.dataset.factory, held, round_=round_, world=world, workers=workers,
+                               context=ShardContext)
 
 
 #: The key of a loader's entry in its state dict: ``tokenloom_rank_<data rank>``.

@@ -3,14 +3,19 @@ every document of the interrupted epoch delivered exactly once.
 
 The mental model. Each epoch of a source is one global row range, split into
 contiguous shards (shard.py); every node's state is a position. So what an old run
-had left is computable from its states alone:
+had left is computable from its states alone, and is computed from them alone:
 
-1. Rebuild every old shard's graph (its old rank, world size and worker count) and
-   restore it. The restore re-reads a bounded window (the packer's and the
-   tokenizer's, as any resume does), which puts the documents in flight back in
-   memory: those in the packer's buffer with the tokens already delivered of each,
-   the flat packer's current document, and those a tokenizer had read but not
-   handed on.
+1. Read every old shard's save point from its state (`read_old_shards`). A packer's
+   state restores by replay (it nests the positions above it at its window's start),
+   so each packer also records, with every state, the save point itself in positions
+   and counters (pack/savepoint.py): the documents in flight (the packer's buffer with
+   the tokens delivered of each, the flat packer's current document, those a tokenizer
+   read but did not hand on), as ``(source, epoch, unit, pos, used)``; per source the
+   reader's live position and the epoch of its next row; the mixer's totals and the
+   counters. Nothing of an old shard is rebuilt, read or tokenized: one graph is built
+   for the layout, and per old shard a sharder is restored per source (its position is
+   a few ints; its unread slices come from one plan of all old shards per epoch,
+   `EpochPlans`).
 2. Per source, the epochs still open are those from the earliest any old shard is
    reading to the latest, or to the last one an earlier elastic resume handed over
    (``E_lo .. E_hi``). What is left of them is the documents
@@ -23,6 +28,7 @@ had left is computable from its states alone:
    epochs ``E_hi + 1 ...`` for the new topology. A document delivered in part goes
    on from its ``used`` token as a continuing segment (no second BOS); a document
    cropped in ``bestfit-crop`` left the buffer, so what was cropped stays cropped.
+   Only a new shard's own prefix is read, by its own readers, as it runs.
 4. Counters continue from the old totals, split evenly over the new shards: the
    mixer's per-source tokens and documents (less what the documents in flight will
    count again), the packer's and batcher's statistics, the readers' skipped rows.
@@ -34,30 +40,42 @@ What is not kept: the order. Batches after an elastic resume are not those a run
 started on the new topology would give (nor could they be). A same-topology resume
 is unchanged and exact.
 
-Cost: step 1 replays each old shard's window once, in the process that loads the
-state (about a cold start's first batch per old shard: measured in
-benchmarks/RESULTS.md, ``elastic``). The plan of a new rank's shards (its share of
-the documents in flight, five ints each, and a few row ranges per source) is kept
-in the loader state until the next round, so a later save on the new topology
-resumes exactly; worker states stay positions.
+The trade-off: a resume that changes topology no longer replays anything, and every step
+pays for it instead: a packer's state carries its save point (~1-5 bytes per document in
+flight, a few ints per source) and taking it costs a few numpy calls over the buffer, one
+Python step per document pulled since the last state and a zlib call (figures in
+benchmarks/RESULTS.md, ``elastic``). Before (state version 5) a new rank restored and
+replayed every old shard, ~0.19 s each at buffer 1000: 4.5 s for 64 old shards against
+1.2 s for a same-topology resume, minutes per rank after a 1024 x 8 run. What grows with
+the old run now is reading its states: every new rank decodes the whole list (JSON and
+digest) and walks each old shard's save point, a fraction of a millisecond per old shard.
+The plan of a new rank's shards (its share of the documents in flight, five ints each,
+and a few row ranges per source) is kept in the loader state until the next round, so a
+later save on the new topology resumes exactly; worker states stay positions.
 """
 
 from __future__ import annotations
 
 import base64
+import copy
 import zlib
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..shard import ShardUnits, WorkSlice
+from ..batch import Batch
+from ..chat import RenderChat
+from ..pack.savepoint import SOURCE_FIELDS, SavePoint, kind_of, nodes_of, unpack_docs
+from ..shard import EpochPlans, ShardUnits, WorkSlice, unread_after
+
+_NO_DOCS = np.zeros((0, 6), np.int64)
 
 #: Plan keys (plain data in the loader state).
 ROUND, STEP, SOURCES, CARRY = "round", "step", "sources", "carry"
 PREFIX, RESUME_EPOCH, DROPPED = "prefix", "resume_epoch", "dropped"
 
 
-# --- reading old states ----------------------------------------------------------------
+# --- reading old states -----------------------------------------------------------------
 
 def worker_trees(loader_state: Mapping[str, Any]) -> Dict[int, Any]:
     """{worker: the NodeDataset state {"round", "node"}} from StatefulDataLoader's state."""
@@ -72,84 +90,13 @@ def _dataset_state(holder: Mapping[str, Any]) -> Any:
     return fetcher.get("dataset_iter_state") or holder.get("dataset_state")
 
 
-def _nodes(node: Any) -> Iterator[Any]:
-    """Every node of a graph, children before going up (Mix children, readers' sharders)."""
-    yield node
-    children = getattr(node, "children", None)
-    if isinstance(children, list):
-        for child in children:
-            yield from _nodes(child)
-        return
-    parent = getattr(node, "parent", None)
-    if parent is None and hasattr(node, "_cursor"):
-        parent = node._cursor.parent
-    if parent is not None and hasattr(parent, "reset"):
-        yield from _nodes(parent)
-
-
-def _kind(node: Any) -> str:
-    name = type(node).__name__
-    if name in ("BestFitPack", "FlatPack"):
-        return "packer"
-    if name in ("Tokenize", "RenderChat"):
-        return "branch"
-    if name == "Mix":
-        return "mix"
-    if name == "Batch":
-        return "batch"
-    if isinstance(node, ShardUnits):
-        return "shard"
-    if hasattr(node, "unread"):
-        return "reader"
-    return "other"
-
-
-class _Pending:
-    """A document in flight in an old shard: where it comes from, tokens delivered, and
-    whether the mixer already counted it (it reached the packer)."""
-
-    __slots__ = ("source", "epoch", "unit", "pos", "used", "length", "picked")
-
-    def __init__(self, doc: Any, used: int, picked: bool):
-        self.source, self.epoch, self.unit, self.pos = doc.source, doc.epoch, doc.unit, doc.pos
-        self.used, self.length, self.picked = int(used), len(doc.ids), picked
-
-    def key(self) -> tuple:
-        return (self.epoch, self.unit, self.pos)
-
-
-class OldShard:
-    """One old shard, restored: its counters as saved, its documents in flight, its readers."""
-
-    def __init__(self, root: Any):
-        self.root = root
-        nodes = list(_nodes(root))
-        self.mix = next((n for n in nodes if _kind(n) == "mix"), None)
-        self.packer = next(n for n in nodes if _kind(n) == "packer")
-        self.batch = next(n for n in nodes if _kind(n) == "batch")
-        self.branches = [n for n in nodes if _kind(n) == "branch"]
-        self.readers = {n.source: n for n in nodes if _kind(n) == "reader"}
-        self.pending: List[_Pending] = [_Pending(d, used, True) for d, used in self.packer.in_flight()]
-        for branch in self.branches:
-            self.pending += [_Pending(d, d.used, False) for d in branch.in_flight()]
-        # Counters after what is in flight: a restored packer stands at its replay window's start
-        # (`base`), and the nodes above it (mixer, readers, tokenizers) count as they were there;
-        # the replay brings them to the save point, where the buffered documents were counted.
-        # Taken before, the mixer's totals missed the window and then lost the buffered documents
-        # a second time (a source's carried tokens went negative: a division by zero at its next pick).
-        self.counters = counters_of(nodes)
-
-    def reading_epoch(self, source: str) -> int:
-        """The epoch of the next row this shard would read of ``source``."""
-        return self.readers[source].next_epoch()
-
-    def handed_over_through(self, source: str) -> int:
-        """The last epoch a previous elastic resume handed to this shard (-1: none)."""
-        return self.readers[source].handed_over_through()
+#: Kept under their former names (tests walk graphs with them).
+_nodes, _kind = nodes_of, kind_of
 
 
 def counters_of(nodes: Sequence[Any]) -> Dict[str, Any]:
-    """The counters a new shard continues: mixer, packer, batcher, readers, chat renderers."""
+    """The counters a new shard continues, read from live nodes: mixer, packer, batcher, readers,
+    chat renderers (`_Template` takes the zeros of the layout from a fresh graph)."""
     out: Dict[str, Any] = {"packer": dict(next(n for n in nodes if _kind(n) == "packer").stats())}
     batch = next(n for n in nodes if _kind(n) == "batch")
     out["batch"] = batch.counts()
@@ -165,6 +112,141 @@ def counters_of(nodes: Sequence[Any]) -> Dict[str, Any]:
     if encoders:  # documents encoded from text (the rest came from a token cache)
         out["encoded"] = {getattr(t.parent, "source", str(i)): t.encoded for i, t in enumerate(encoders)}
     return out
+
+
+class _Template:
+    """What every old shard's graph shares, from one graph built for the old topology: where the
+    batcher's and the packer's states sit in a worker's tree, each source's sharder settings and
+    branch kind, and the counters of a shard that has not started (all zero)."""
+
+    def __init__(self, factory: Callable[[Any], Any], context: Any):
+        root = factory(context)
+        root.reset(None)
+        nodes = list(nodes_of(root))
+        self.zeros = counters_of(nodes)
+        node, path, self.batch_path = root, [], None
+        while kind_of(node) != "packer":
+            if kind_of(node) == "batch":
+                self.batch_path = list(path)
+            key = getattr(type(node), "PARENT", None)
+            if key is None or getattr(node, "parent", None) is None:
+                raise ValueError(f"{type(factory).__name__} graphs cannot change topology on resume: no packer "
+                                 f"below {type(node).__name__}")
+            path.append(key)
+            node = node.parent
+        if self.batch_path is None:
+            raise ValueError(f"{type(factory).__name__} graphs cannot change topology on resume: no Batch node")
+        self.packer_path, self.elastic_key, self.stats_key = path, node.ELASTIC, node.STATS
+        point = SavePoint(node.parent)
+        point.count()
+        self.branches = {n: (type(b).__name__ if b is not None else None) for n, b in zip(point.names, point.branches)}
+        self.sharders = {}
+        for name, reader in zip(point.names, point.readers):
+            self.sharders[name] = next(n for n in nodes_of(reader) if isinstance(n, ShardUnits))
+
+
+def _follow(tree: Any, path: Sequence[str]) -> Any:
+    for key in path:
+        tree = tree[key]
+    return tree
+
+
+class OldShard:
+    """One old shard at its save point, read from its state alone (nothing rebuilt or re-read):
+    its counters, its documents in flight (rows of ``savepoint.DOC_FIELDS``, the source column an
+    index into the planner's ``names``), and per source the reader's position as a restored
+    sharder plus the rows of its current slice already read, the epoch of its next row, and what
+    the mixer will count again of the packer's documents."""
+
+    def __init__(self, counters: Dict[str, Any], docs: np.ndarray, sharders: Dict[str, ShardUnits],
+                 done: Dict[str, int], reading: Dict[str, int], again: Dict[str, Tuple[int, int]]):
+        self.counters, self.docs, self.sharders, self.done = counters, docs, sharders, done
+        self.reading, self.again = reading, again
+
+    def reading_epoch(self, source: str) -> int:
+        """The epoch of the next row this shard would read of ``source``."""
+        return self.reading[source]
+
+    def handed_over_through(self, source: str) -> int:
+        """The last epoch a previous elastic resume handed to this shard (-1: none)."""
+        return self.sharders[source].handed_over_through()
+
+    def unread(self, source: str, upto_epoch: int) -> List[WorkSlice]:
+        """The rows of ``source`` this shard had not read, of epochs up to ``upto_epoch``."""
+        return unread_after(self.sharders[source], None, self.done[source], upto_epoch)
+
+
+def read_old_shards(factory: Callable[[Any], Any], states: Sequence[Tuple[Any, Any]], *, round_: int, world: int,
+                    workers: int, context: Callable[..., Any]) -> List[OldShard]:
+    """Every old shard (rank by rank, worker by worker) at its save point, from ``states``: per old
+    rank, its rank, worker trees ({worker: {"round", "node"}}) and elastic plan (None: none). One graph
+    is built for the layout (`_Template`); per old shard only its summary is decoded and a sharder
+    restored per source, so the cost is ~the states' size, not a replay."""
+    names = factory.source_names()
+    index = {n: i for i, n in enumerate(names)}
+    template = _Template(factory, context(0, world, 0, workers, round_, None))
+    num_shards = world * max(workers, 1)
+    plans = {n: EpochPlans(t.unit_rows, seed=t.seed, num_shards=num_shards, shuffle=t.shuffle)
+             for n, t in template.sharders.items()}
+    out = []
+    for rank, trees, plan in states:
+        for w in range(max(workers, 1)):
+            shard_plan = plan["shards"][str(w)] if plan is not None and int(plan["round"]) == round_ else None
+            node = (trees.get(w) or {}).get("node")
+            out.append(_old_shard(template, names, index, node, rank * max(workers, 1) + w, num_shards, shard_plan,
+                                  plans))
+    return out
+
+
+def _old_shard(t: _Template, names: Sequence[str], index: Mapping[str, int], node: Any, shard: int,
+               num_shards: int, plan: Optional[Mapping[str, Any]], plans: Mapping[str, EpochPlans]) -> OldShard:
+    sharders: Dict[str, ShardUnits] = {}
+    for name in names:
+        c = t.sharders[name]
+        sharders[name] = ShardUnits(c.unit_rows, shard=shard, num_shards=num_shards, seed=c.seed, epochs=c.epochs,
+                                    first_epoch=c.first_epoch, shuffle=c.shuffle, plans=plans[name],
+                                    **prefix_of(plan, name))
+    if node is None:  # saved before this shard started its round: its start, and the counters it started from
+        for s in sharders.values():
+            s.reset(None)
+        counters = copy.deepcopy(plan[CARRY] if plan is not None else t.zeros)
+        return OldShard(counters, _NO_DOCS, sharders, dict.fromkeys(names, 0),
+                        {n: s.next_epoch() for n, s in sharders.items()}, {n: (0, 0) for n in names})
+    batch, packer = _follow(node, t.batch_path), _follow(node, t.packer_path)
+    summary = packer[t.elastic_key]
+    entries = summary[SavePoint.SOURCES]
+    if set(entries) != set(names):
+        raise ValueError(f"an old shard's save point describes sources {sorted(entries)}, this loader reads "
+                         f"{sorted(names)}; was it saved by another pipeline?")
+    local = list(entries)
+    docs = unpack_docs(summary[SavePoint.DOCS])
+    if len(docs):
+        if docs[:, 0].min() < 0:
+            raise ValueError("an old shard holds documents of no source this loader reads; was it saved by another "
+                             "pipeline?")
+        docs[:, 0] = np.asarray([index[n] for n in local], np.int64)[docs[:, 0]]
+    again = summary[SavePoint.AGAIN]
+    counters: Dict[str, Any] = {"packer": dict(packer[t.stats_key]),
+                                "batch": {n: [int(x) for x in v] for n, v in batch[Batch.COUNTS].items()},
+                                "skipped": {}}
+    if summary[SavePoint.MIX] is not None:
+        tokens, documents, passes, exhausted, era_base = summary[SavePoint.MIX]
+        counters["mix"] = {"tokens": list(tokens), "documents": list(documents), "passes": list(passes),
+                           "exhausted": [bool(x) for x in exhausted], "era_base": list(era_base)}
+    done, reading, carried = {}, {}, {}
+    fields = len(SOURCE_FIELDS)
+    for i, name in enumerate(local):
+        e = entries[name]
+        sharders[name].reset({ShardUnits.EPOCH: e[0], ShardUnits.INDEX: e[1], ShardUnits.PREFIX: e[2]})
+        done[name], reading[name] = int(e[3]), int(e[4])
+        counters["skipped"][name] = int(e[5])
+        kind = t.branches.get(name)
+        if kind == "Tokenize":
+            counters.setdefault("encoded", {})[name] = int(e[fields])
+        elif kind == "RenderChat":
+            counters.setdefault("chat", {})[name] = dict(zip(RenderChat.COUNT_KEYS, map(int, e[fields:])))
+        carried[name] = (int(again[2 * i]), int(again[2 * i + 1]))
+    return OldShard(counters, docs, sharders, done, reading, carried)
 
 
 # --- planning ------------------------------------------------------------------------------
@@ -186,57 +268,63 @@ def _merge(slices: List[WorkSlice]) -> List[WorkSlice]:
     return out
 
 
-def _pieces(slices: List[WorkSlice], lo: int, hi: int) -> List[WorkSlice]:
-    """Rows ``[lo, hi)`` of the concatenation of ``slices``."""
-    out, at = [], 0
-    for s in slices:
-        n = s.hi - s.lo
-        a, b = max(lo, at), min(hi, at + n)
-        if a < b:
-            out.append(s._replace(lo=s.lo + a - at, hi=s.lo + b - at))
-        at += n
+def _pieces(slices: List[WorkSlice], starts: np.ndarray, lo: int, hi: int) -> List[WorkSlice]:
+    """Rows ``[lo, hi)`` of the concatenation of ``slices`` (``starts``: the rows before each, and
+    the total last)."""
+    out = []
+    first = max(int(np.searchsorted(starts, lo, "right")) - 1, 0)
+    for k in range(first, len(slices)):
+        at = int(starts[k])
         if at >= hi:
             break
+        s = slices[k]
+        a, b = max(lo, at), min(hi, at + s.hi - s.lo)
+        if a < b:
+            out.append(s._replace(lo=s.lo + a - at, hi=s.lo + b - at))
     return out
 
 
 def plan_shards(old: List[OldShard], names: Sequence[str], *, new_shards: range, num_new: int, step: int,
-                round_: int, last_epoch: Optional[int], schedule_shares: Sequence[float]) -> Dict[int, Dict[str, Any]]:
+                round_: int, last_epoch: Optional[int]) -> Dict[int, Dict[str, Any]]:
     """The plan of each new shard in ``new_shards`` (global indices of ``num_new``)."""
     plans: Dict[int, Dict[str, Any]] = {g: {ROUND: round_, STEP: step, SOURCES: {}, CARRY: {}} for g in new_shards}
-    for name in names:
+    docs = np.concatenate([o.docs for o in old]) if old else _NO_DOCS
+    for k, name in enumerate(names):
         reading = [o.reading_epoch(name) for o in old]
-        pend = [p for o in old for p in o.pending if p.source == name]
+        pend = docs[docs[:, 0] == k]
         # An old shard that came from an elastic resume itself may still be reading the earliest
         # epoch of its handed-over work while later ones wait in its plan: they stay open too, or
         # they would be planned afresh and what the first topology delivered of them come again.
-        top = max(reading + [p.epoch for p in pend] + [o.handed_over_through(name) for o in old])
+        top = max(reading + pend[:, 2].tolist() + [o.handed_over_through(name) for o in old])
         if last_epoch is not None:
             top = min(top, last_epoch)
-        low = min(reading + [p.epoch for p in pend])
+        low = min(reading + pend[:, 2].tolist())
+        unread = [o.unread(name, top) for o in old] if low <= top else []
         per_shard: Dict[int, List[WorkSlice]] = {g: [] for g in new_shards}
         turn = 0
         for epoch in range(low, top + 1) if low <= top else ():
-            docs = sorted((p for p in pend if p.epoch == epoch), key=_Pending.key)
-            rows = [s for o in old for s in o.readers[name].unread(top) if s.epoch == epoch]
-            total = sum(s.hi - s.lo for s in rows)
-            for g in range(num_new):
-                share = [WorkSlice(p.epoch, p.unit, p.pos, p.pos + 1, p.used)
-                         for j, p in enumerate(docs) if (j + turn) % num_new == g]
+            now = pend[pend[:, 2] == epoch]
+            now = now[np.lexsort((now[:, 4], now[:, 3]))]  # by (unit, pos): a reader loads each unit once
+            rows = [s for slices in unread for s in slices if s.epoch == epoch]
+            starts = np.zeros(len(rows) + 1, np.int64)
+            np.cumsum([s.hi - s.lo for s in rows], out=starts[1:])
+            total = int(starts[-1])
+            for g in new_shards:
+                mine = now[(g - turn) % num_new::num_new]
+                share = [WorkSlice(epoch, u, p, p + 1, used) for u, p, used in mine[:, 3:6].tolist()]
                 a = total * g // num_new
-                share += _pieces(rows, a, a + _split(total, num_new, g))
-                if g in per_shard:
-                    per_shard[g] += _merge(share)
-            turn = (turn + len(docs)) % num_new
+                share += _pieces(rows, starts, a, a + _split(total, num_new, g))
+                per_shard[g] += _merge(share)
+            turn = (turn + len(now)) % num_new
         for g in new_shards:
             plans[g][SOURCES][name] = {PREFIX: pack_slices(per_shard[g]), RESUME_EPOCH: top + 1}
-    carry = _carry(old, names, schedule_shares)
+    carry = _carry(old, names)
     for g in new_shards:
         plans[g][CARRY] = _share_of(carry, num_new, g)
     return plans
 
 
-def _carry(old: List[OldShard], names: Sequence[str], shares: Sequence[float]) -> Dict[str, Any]:
+def _carry(old: List[OldShard], names: Sequence[str]) -> Dict[str, Any]:
     """The old shards' counters summed, less what the documents in flight will count again."""
     def total(path):
         out = 0
@@ -247,14 +335,12 @@ def _carry(old: List[OldShard], names: Sequence[str], shares: Sequence[float]) -
             out += int(value)
         return out
 
-    del shares  # the mixer takes its shares from the schedule at the resumed step
     first = old[0].counters
     carry: Dict[str, Any] = {"packer": {k: total(("packer", k)) for k in first["packer"]},
                              "batch": {n: [total(("batch", n, 0)), total(("batch", n, 1))] for n in first["batch"]},
                              "skipped": {n: total(("skipped", n)) for n in first["skipped"]}}
-    picked = [p for o in old for p in o.pending if p.picked]
-    again_tokens = {n: sum(p.length - p.used for p in picked if p.source == n) for n in names}
-    again_docs = {n: sum(1 for p in picked if p.source == n and p.used == 0) for n in names}
+    again_tokens = {n: sum(o.again[n][0] for o in old) for n in names}
+    again_docs = {n: sum(o.again[n][1] for o in old) for n in names}
     carry["packer"]["tokens_in"] -= sum(again_tokens.values())
     carry["packer"]["documents"] -= sum(again_docs.values())
     if "mix" in first:

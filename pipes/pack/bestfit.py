@@ -79,6 +79,7 @@ import numpy as np
 from ..base import Node, StateError
 from ..items import Row, TokenDoc
 from .core import Slots
+from .savepoint import SavePoint, again_of
 from .stats import load_stats, new_stats
 
 
@@ -90,7 +91,9 @@ class BestFitPack(Node[Row]):
     CONSUMED = "consumed"
     ENDED = "ended"
     STATS = "stats"
-    STATE_KEYS = (PARENT, BASE, PULLED, LIVE, CONSUMED, ENDED, STATS)
+    #: The save point in positions and counters, for an elastic resume (savepoint.py).
+    ELASTIC = "elastic"
+    STATE_KEYS = (PARENT, BASE, PULLED, LIVE, CONSUMED, ENDED, STATS, ELASTIC)
 
     #: Upstream states are remembered every this many pulls, or once this many rows' worth of tokens were
     #: pulled since the last one: a restore replays at most that much before the oldest buffered document.
@@ -119,6 +122,7 @@ class BestFitPack(Node[Row]):
             raise ValueError(f"max_wait={self.max_wait} must be >= 1")
         Slots(1, self.row_len, mode=mode)  # validates mode early
         self.buffer_tokens = self.resolve_buffer_tokens(buffer_tokens, seq_len, mode, buffer_size)
+        self._savepoint = SavePoint(parent)
         self._clear()
 
     @classmethod
@@ -149,6 +153,12 @@ class BestFitPack(Node[Row]):
         self._replay_to = 0
         self._replay_live: Dict[int, int] = {}
         self._stats = new_stats()
+        # Where each slot's document comes from (source index, epoch, unit, pos), filled in by
+        # get_state for the documents pulled since the previous one (savepoint.py).
+        self._origin = np.zeros((4, self.buffer_size), np.int64)
+        self._origin_from = 0  # documents pulled before this one have their origin in the table
+        self._moved = False  # next() ran since the reset: the loaded save point no longer describes it
+        self._savepoint.clear()
 
     def reset(self, initial_state: Optional[Dict[str, Any]] = None) -> None:
         self._clear()
@@ -162,7 +172,8 @@ class BestFitPack(Node[Row]):
             raise StateError(f"BestFitPack: saved state lists {len(live)} buffered documents and {len(consumed)} "
                              f"offsets for a buffer of {self.buffer_size}; was it saved with another buffer_size?")
         self.parent.reset(initial_state[self.PARENT])
-        self._pulled = base
+        self._savepoint.load(initial_state[self.ELASTIC])
+        self._pulled = self._origin_from = base
         self._ckpts.append((base, initial_state[self.PARENT]))
         self._replay_to = int(initial_state[self.PULLED])
         self._replay_live = {base + o: c for o, c in zip(live, consumed)}
@@ -287,6 +298,7 @@ class BestFitPack(Node[Row]):
 
     # --- the node ------------------------------------------------------------------
     def next(self) -> Row:
+        self._moved = True
         if self._replay_to:
             self._replay()
         self._top_up()
@@ -320,9 +332,9 @@ class BestFitPack(Node[Row]):
             base = self._ckpts[0][0]
             live = sorted(self._replay_live)
             return self._state(self._ckpts[0][1], base, self._replay_to,
-                               [s - base for s in live], [self._replay_live[s] for s in live])
+                               [s - base for s in live], [self._replay_live[s] for s in live], self._savepoint.loaded)
         if not self._slot_of:
-            return self._state(self.parent.state_dict(), self._pulled, self._pulled, [], [])
+            return self._state(self.parent.state_dict(), self._pulled, self._pulled, [], [], self._save_point(None))
         self._prune_checkpoints()
         base, parent_state = self._ckpts[0]
         # Taken with every batch a worker sends: numpy over the ~buffer_size live documents
@@ -331,8 +343,36 @@ class BestFitPack(Node[Row]):
         seqs = np.fromiter(self._slot_of.keys(), np.int64, n)
         slots = np.fromiter(self._slot_of.values(), np.int64, n)
         order = np.argsort(seqs, kind="stable")
-        used = self._slots.used_array()[slots[order]]
-        return self._state(parent_state, base, self._pulled, (seqs[order] - base).tolist(), used.tolist())
+        slots = slots[order]
+        used = self._slots.used_array()[slots]
+        return self._state(parent_state, base, self._pulled, (seqs[order] - base).tolist(), used.tolist(),
+                           self._save_point((slots, used)))
+
+    def _save_point(self, buffered: Optional[Tuple[np.ndarray, np.ndarray]]) -> Dict[str, Any]:
+        """The save point's summary (savepoint.py): the buffered documents' origins and what they
+        still hold, with the positions and counters above the packer."""
+        point = self._savepoint
+        if not self._moved and point.loaded is not None:
+            return point.loaded
+        nsrc = point.count()
+        if buffered is None:
+            return point.take(np.zeros((0, 5), np.int64), [0] * (2 * nsrc))
+        slots, used = buffered
+        origin = self._origin
+        if self._origin_from < self._pulled:
+            docs, index = self._docs, point.source_of
+            if self._pulled - self._origin_from <= len(self._slot_of):
+                fresh = ((seq, self._slot_of.get(seq)) for seq in range(self._origin_from, self._pulled))
+            else:
+                fresh = ((seq, slot) for seq, slot in self._slot_of.items() if seq >= self._origin_from)
+            for seq, slot in fresh:
+                if slot is not None:
+                    d = docs[seq]
+                    origin[0, slot], origin[1, slot], origin[2, slot], origin[3, slot] = (
+                        index(d.source), d.epoch, d.unit, d.pos)
+            self._origin_from = self._pulled
+        rows = np.column_stack([origin[:, slots].T, used])
+        return point.take(rows, again_of(rows[:, 0], self._slots.len[slots].astype(np.int64), used, nsrc))
 
     def in_flight(self) -> List[Tuple[TokenDoc, int]]:
         """The buffered documents and how many tokens of each were delivered, oldest first
@@ -342,9 +382,10 @@ class BestFitPack(Node[Row]):
         used = self._slots.used_array()
         return [(self._docs[seq], int(used[self._slot_of[seq]])) for seq in sorted(self._slot_of)]
 
-    def _state(self, parent, base, pulled, live, consumed) -> Dict[str, Any]:
+    def _state(self, parent, base, pulled, live, consumed, elastic) -> Dict[str, Any]:
         return {self.PARENT: parent, self.BASE: base, self.PULLED: pulled, self.LIVE: live,
-                self.CONSUMED: consumed, self.ENDED: self._ended, self.STATS: dict(self._stats)}
+                self.CONSUMED: consumed, self.ENDED: self._ended, self.STATS: dict(self._stats),
+                self.ELASTIC: elastic}
 
     def carry_stats(self, stats: Dict[str, int]) -> None:
         """Continue the statistics of an elastic resume (elastic.py)."""

@@ -15,6 +15,7 @@ import numpy as np
 
 from ..base import Node
 from ..items import Row, TokenDoc
+from .savepoint import SavePoint, again_of, doc_rows
 from .stats import load_stats, new_stats
 
 
@@ -22,7 +23,9 @@ class FlatPack(Node[Row]):
     PARENT = "parent"
     OFFSET = "offset"
     STATS = "stats"
-    STATE_KEYS = (PARENT, OFFSET, STATS)
+    #: The save point in positions and counters, for an elastic resume (savepoint.py).
+    ELASTIC = "elastic"
+    STATE_KEYS = (PARENT, OFFSET, STATS, ELASTIC)
 
     def __init__(self, parent: Node[TokenDoc], *, seq_len: int, pad_id: int = 0):
         super().__init__()
@@ -34,19 +37,24 @@ class FlatPack(Node[Row]):
         self._off = 0
         self._skip = 0
         self._stats = new_stats()
+        self._savepoint = SavePoint(parent)
+        self._moved = False  # next() ran since the reset: the loaded save point no longer describes it
 
     def reset(self, initial_state: Optional[Dict[str, Any]] = None) -> None:
-        self._doc = None
+        self._doc, self._moved = None, False
         if initial_state is None:
             self.parent.reset(None)
             self._doc_state, self._skip, self._stats = None, 0, new_stats()
+            self._savepoint.clear()
         else:
             self._doc_state = initial_state[self.PARENT]
             self.parent.reset(self._doc_state)
+            self._savepoint.load(initial_state[self.ELASTIC])
             self._skip = int(initial_state[self.OFFSET])
             self._stats = load_stats(initial_state[self.STATS])
 
     def next(self) -> Row:
+        self._moved = True
         C = self.row_len
         tokens = np.full(C, self.pad_id, dtype=np.int32)
         mask: Optional[np.ndarray] = None
@@ -98,8 +106,21 @@ class FlatPack(Node[Row]):
     def get_state(self) -> Dict[str, Any]:
         if self._doc is None:
             parent = self._doc_state if self._skip else self.parent.state_dict()
-            return {self.PARENT: parent, self.OFFSET: self._skip, self.STATS: dict(self._stats)}
-        return {self.PARENT: self._doc_state, self.OFFSET: self._off, self.STATS: dict(self._stats)}
+            return {self.PARENT: parent, self.OFFSET: self._skip, self.STATS: dict(self._stats),
+                    self.ELASTIC: self._save_point()}
+        return {self.PARENT: self._doc_state, self.OFFSET: self._off, self.STATS: dict(self._stats),
+                self.ELASTIC: self._save_point()}
+
+    def _save_point(self) -> Dict[str, Any]:
+        """The save point's summary (savepoint.py): the document being cut, with the positions and
+        counters above the packer."""
+        point = self._savepoint
+        if not self._moved and point.loaded is not None:
+            return point.loaded
+        docs = [] if self._doc is None else [(self._doc, self._off)]
+        rows = doc_rows(docs, point.source_of)
+        lengths = np.asarray([len(d.ids) for d, _ in docs], np.int64)
+        return point.take(rows, again_of(rows[:, 0], lengths, rows[:, 4], point.count()))
 
     def in_flight(self) -> List[Tuple[TokenDoc, int]]:
         """The document being cut into rows and how many of its tokens were delivered (for an

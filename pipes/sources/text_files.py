@@ -402,7 +402,8 @@ class UnitCursor:
 
 class CursorReader:
     """What a reader whose position is a `UnitCursor` (``self._cursor``) hands on to it: the rows
-    an elastic resume carries over (`unread`) and the epoch of the next row (`next_epoch`)."""
+    an elastic resume carries over (`unread`), the epoch of the next row (`next_epoch`) and its
+    position (`position`)."""
 
     def unread(self, upto_epoch: int) -> List[WorkSlice]:
         return self._cursor.unread(upto_epoch)
@@ -412,6 +413,11 @@ class CursorReader:
 
     def handed_over_through(self) -> int:
         return self._cursor.handed_over_through()
+
+    def position(self) -> Tuple[Dict[str, Any], int]:
+        """The sharder's state at the current slice's start and the rows of it handed out: the
+        position a reader's state saves (a packer's save point records it, pack/savepoint.py)."""
+        return self._cursor.position()
 
 
 class SkipCount:

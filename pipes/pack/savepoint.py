@@ -1,0 +1,236 @@
+"""A packer's save point in positions and counters, so an elastic resume plans from states alone.
+
+Why: a packer's state restores by replay. Best-fit's nests its parent's state at its replay
+window's start (``base``), flat's at its current document's start, a tokenizer's nests its
+reader's at its batch's start; so the reader positions, the mixer's totals and the counters
+inside a packer's state are those of an earlier point, and what is in flight (the buffered
+documents, a tokenizer's batch not yet handed on) is known only once re-read. An elastic
+resume needs every old shard's save point; rebuilding and replaying each old shard to learn it
+cost ~0.19 s per old shard (buffer 1000), minutes per rank after a 1024-GPU x 8-worker run.
+
+So with every state a packer also records its save point, under its ``ELASTIC`` key (see
+`SavePoint.take`): positions and counters, never tokens or text.
+
+- ``docs``: the documents in flight as rows of six ints ``(source, picked, epoch, unit, pos,
+  used)``: the packer's (``picked``: the mixer counted them) with the tokens of each delivered,
+  and those a tokenizer (or chat renderer) read but has not handed on. Sorted, each column
+  delta-coded, zlib'd, base64: ~1-5 bytes a document (`pack_docs`).
+- ``sources``: per source, ``[sharder epoch, sharder index, sharder prefix count, rows of the
+  current slice read, epoch of the next row, rows skipped, *branch counters]``: the reader's live
+  position (what `UnitCursor.position` saves, which a `ShardUnits` restores without reading),
+  the epoch `next_epoch` gives, and the documents encoded (`Tokenize`) or the chat renderer's
+  counts (`RenderChat`).
+- ``mix``: the mixer's totals ``[tokens, documents, passes, exhausted, era_base]`` (lists per
+  source, in the mixer's order), or None without a mixer.
+- ``again``: per source, ``[tokens, starts]`` of the packer's documents still to deliver: the
+  mixer counted them when they were picked and will count them again in the new shard that gets
+  them.
+
+A restored packer stands where its state says but knows the save point only from the summary
+it was restored with: until it moves it returns that summary; after, it takes the save point
+live, except for the sources whose branch has not read since the restore (they stand where the
+restore put them, which the loaded summary describes: a branch only moves when pulled from).
+
+Cost (benchmarks/RESULTS.md, ``elastic``): one Python step per document pulled since the
+previous state (its origin into a per-slot table), a few numpy calls over the buffer, one per
+tokenizer batch, and the zlib call: measured per ``get_state`` in the elastic benchmark section.
+"""
+
+from __future__ import annotations
+
+import base64
+import zlib
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ..shard import ShardUnits
+
+#: The columns of ``docs``.
+DOC_FIELDS = ("source", "picked", "epoch", "unit", "pos", "used")
+#: The leading fields of a ``sources`` entry; the branch's counters follow.
+SOURCE_FIELDS = ("shard_epoch", "shard_index", "shard_prefix", "row", "next_epoch", "skipped")
+#: The lists of ``mix``.
+MIX_FIELDS = ("tokens", "documents", "passes", "exhausted", "era_base")
+
+
+# --- the graph above a packer ------------------------------------------------------------
+
+def nodes_of(node: Any) -> Iterator[Any]:
+    """Every node of a graph, children before going up (Mix children, readers' sharders)."""
+    yield node
+    children = getattr(node, "children", None)
+    if isinstance(children, list):
+        for child in children:
+            yield from nodes_of(child)
+        return
+    parent = getattr(node, "parent", None)
+    if parent is None and hasattr(node, "_cursor"):
+        parent = node._cursor.parent
+    if parent is not None and hasattr(parent, "reset"):
+        yield from nodes_of(parent)
+
+
+def kind_of(node: Any) -> str:
+    name = type(node).__name__
+    if name in ("BestFitPack", "FlatPack"):
+        return "packer"
+    if name in ("Tokenize", "RenderChat"):
+        return "branch"
+    if name == "Mix":
+        return "mix"
+    if name == "Batch":
+        return "batch"
+    if isinstance(node, ShardUnits):
+        return "shard"
+    if hasattr(node, "unread"):
+        return "reader"
+    return "other"
+
+
+def branch_counts(branch: Any) -> List[int]:
+    """The counters a branch carries over an elastic resume: documents encoded (`Tokenize`), a chat
+    renderer's counts (`RenderChat`), none for another node."""
+    if type(branch).__name__ == "Tokenize":
+        return [int(branch.encoded)]
+    if type(branch).__name__ == "RenderChat":
+        counts = branch.counts()
+        return [int(counts[k]) for k in branch.COUNT_KEYS]
+    return []
+
+
+# --- the documents in flight, packed ----------------------------------------------------------
+
+def pack_docs(table: np.ndarray) -> str:
+    """Rows of `DOC_FIELDS` as text: sorted (the order carries nothing), each column delta-coded,
+    little-endian int64, zlib level 1, base64. Sorted rows of one reader differ by a row or so, so
+    a document costs ~1-5 bytes."""
+    table = np.asarray(table, np.int64).reshape(-1, len(DOC_FIELDS))
+    if len(table) > 1:
+        table = table[np.lexsort(table.T[::-1])]
+    cols = np.ascontiguousarray(table.T)
+    cols[:, 1:] -= table.T[:, :-1]
+    return base64.b64encode(zlib.compress(cols.astype("<i8").tobytes(), 1)).decode("ascii")
+
+
+def unpack_docs(text: str) -> np.ndarray:
+    """The rows `pack_docs` packed, shape (n, 6), sorted."""
+    raw = zlib.decompress(base64.b64decode(text.encode("ascii"), validate=True))
+    cols = np.frombuffer(raw, dtype="<i8").reshape(len(DOC_FIELDS), -1)
+    return np.cumsum(cols, axis=1, dtype=np.int64).T
+
+
+_NO_DOCS = np.zeros((0, len(DOC_FIELDS)), np.int64)
+
+
+class SavePoint:
+    """A packer's helper: finds the mixer, readers and branches above it (once, lazily), and takes
+    or keeps the summary of the save point (see the module docstring)."""
+
+    DOCS, SOURCES, MIX, AGAIN = "docs", "sources", "mix", "again"
+    KEYS = (DOCS, SOURCES, MIX, AGAIN)
+
+    def __init__(self, parent: Any):
+        self.parent = parent
+        self._found = False
+        self.names: List[str] = []
+        self.index: Dict[str, int] = {}
+        self.readers: List[Any] = []
+        self.branches: List[Optional[Any]] = []
+        self._mix: Any = None
+        self.loaded: Optional[Dict[str, Any]] = None
+        self._loaded_docs: Optional[np.ndarray] = None
+
+    def _find(self) -> None:
+        nodes = list(nodes_of(self.parent))
+        self._mix = next((n for n in nodes if kind_of(n) == "mix"), None)
+        branches = [n for n in nodes if kind_of(n) == "branch"]
+        for reader in nodes:
+            if kind_of(reader) != "reader" or not hasattr(reader, "position"):
+                continue
+            name = str(getattr(reader, "source", len(self.names)))
+            if name in self.index:
+                continue
+            self.index[name] = len(self.names)
+            self.names.append(name)
+            self.readers.append(reader)
+            self.branches.append(next((b for b in branches if getattr(b, "parent", None) is reader), None))
+        self._found = True
+
+    def count(self) -> int:
+        """How many sources the summary describes (readers above the packer)."""
+        if not self._found:
+            self._find()
+        return len(self.names)
+
+    def source_of(self, name: str) -> int:
+        """The index of source ``name`` in ``docs`` (-1: not a source read by a reader above)."""
+        if not self._found:
+            self._find()
+        return self.index.get(name, -1)
+
+    # --- restore ------------------------------------------------------------------------
+    def load(self, summary: Any) -> None:
+        """Keep the summary a packer is restored with (checked strictly)."""
+        if not isinstance(summary, dict) or set(summary) != set(self.KEYS):
+            got = sorted(summary) if isinstance(summary, dict) else type(summary).__name__
+            raise ValueError(f"packer state: the save point summary has keys {got}, expected {list(self.KEYS)}; "
+                             "was it saved by another tokenloom version?")
+        self.loaded, self._loaded_docs = summary, None
+
+    def clear(self) -> None:
+        self.loaded, self._loaded_docs = None, None
+
+    def _loaded_rows(self) -> np.ndarray:
+        if self._loaded_docs is None:
+            self._loaded_docs = unpack_docs(self.loaded[self.DOCS])
+        return self._loaded_docs
+
+    # --- take -----------------------------------------------------------------------------
+    def take(self, picked: np.ndarray, again: Sequence[int]) -> Dict[str, Any]:
+        """The summary of the save point: ``picked`` the packer's documents in flight, rows of
+        ``(source, epoch, unit, pos, used)``; ``again`` per source ``[tokens, starts]`` flattened."""
+        if not self._found:
+            self._find()
+        parts = [np.insert(np.asarray(picked, np.int64).reshape(-1, 5), 1, 1, axis=1)]
+        sources: Dict[str, List[int]] = {}
+        loaded = self.loaded
+        for i, (name, reader, branch) in enumerate(zip(self.names, self.readers, self.branches)):
+            if loaded is not None and branch is not None and branch.untouched_since_restore():
+                # Not pulled since the restore: it stands where the save found it (module docstring).
+                sources[name] = loaded[self.SOURCES][name]
+                rows = self._loaded_rows()
+                parts.append(rows[(rows[:, 0] == i) & (rows[:, 1] == 0)])
+                continue
+            state, row = reader.position()
+            entry = [int(state[ShardUnits.EPOCH]), int(state[ShardUnits.INDEX]), int(state[ShardUnits.PREFIX]),
+                     int(row), int(reader.next_epoch()), int(getattr(reader, "skipped", 0))]
+            if branch is not None:
+                entry += branch_counts(branch)
+                origins = branch.in_flight_origins()
+                if len(origins):
+                    parts.append(np.column_stack([np.full(len(origins), i, np.int64), np.zeros(len(origins), np.int64),
+                                                  origins]))
+            sources[name] = entry
+        mix = None
+        if self._mix is not None:
+            c = self._mix.get_state_counters()
+            mix = [list(c["tokens"]), list(c["documents"]), list(c["passes"]),
+                   [int(bool(x)) for x in c["exhausted"]], list(c["era_base"])]
+        docs = np.concatenate(parts) if len(parts) > 1 else parts[0]
+        return {self.DOCS: pack_docs(docs), self.SOURCES: sources, self.MIX: mix, self.AGAIN: [int(x) for x in again]}
+
+
+def again_of(src: np.ndarray, length: np.ndarray, used: np.ndarray, n: int) -> List[int]:
+    """Per source ``[tokens, starts]`` (flattened) of buffered documents: tokens still to deliver,
+    and those not delivered at all (``used == 0``), which the mixer will count again."""
+    keep = src >= 0
+    src, left, fresh = src[keep], (length - used)[keep], (used == 0)[keep]
+    tokens = np.bincount(src, weights=left, minlength=n)[:n]
+    starts = np.bincount(src, weights=fresh, minlength=n)[:n]
+    return np.column_stack([tokens, starts]).astype(np.int64).ravel().tolist()
+
+
+def doc_rows(docs: Sequence[Tuple[Any, int]], index) -> np.ndarray:
+    """Rows ``(source, epoch, unit, pos, used)`` of ``(document, tokens delivered)`` pairs (flat's one)."""
+    return np.asarray([(index(d.source), d.epoch, d.unit, d.pos, used) for d, used in docs], np.int64).reshape(-1, 5)
