@@ -19,6 +19,14 @@ from a missing bucket by one extra lookup of the bucket, only when nothing
 matched), credentials the store refuses (`PermissionError`), an endpoint that
 cannot be reached (`ConnectionError`). A password in the URI
 (``s3://KEY:SECRET@bucket/...``) is masked in every message.
+
+A remote filesystem is not used across a fork: its client keeps HTTP connections
+open, and loader workers forked from the process that listed the files would share
+those sockets, so two workers' requests on one connection read each other's
+responses (seen as "Parquet magic bytes not found" or a thrift error on a good
+file, with 2 workers and 100 ms of latency). A forked process opens files through
+its own copy of the filesystem (`process_fs`: unpickled once per process, the same
+options, new connections).
 """
 
 from __future__ import annotations
@@ -26,9 +34,11 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import os
+import pickle
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import pyarrow.fs as pafs
 
@@ -57,6 +67,39 @@ SourceSpec = Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]]
 MANIFEST_NAME = "_tokenloom_index.json"
 
 
+#: Per-process copies of remote filesystems, by id of the original (kept alive here), made in forked processes.
+_PROCESS_FS: Dict[int, Tuple[pafs.FileSystem, pafs.FileSystem]] = {}
+_PROCESS_FS_LOCK = threading.Lock()  # read-ahead threads open files at once: one copy each
+_FORKED = [False]
+
+
+def _after_fork() -> None:
+    global _PROCESS_FS_LOCK
+    _PROCESS_FS.clear()
+    _PROCESS_FS_LOCK = threading.Lock()
+    _FORKED[0] = True
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
+def process_fs(fs: pafs.FileSystem) -> pafs.FileSystem:
+    """``fs``, or in a forked process (a loader worker) this process's own copy of it: a remote
+    filesystem's pooled connections must not be shared with the parent or siblings (module docstring).
+    Local filesystems hold no connections and are returned as they are."""
+    if not _FORKED[0] or fs.type_name == "local":
+        return fs
+    with _PROCESS_FS_LOCK:
+        hit = _PROCESS_FS.get(id(fs))
+        if hit is None or hit[0] is not fs:
+            try:
+                copy = pickle.loads(pickle.dumps(fs))
+            except Exception:  # a filesystem that does not pickle (a Python handler) is used as it is
+                copy = fs
+            hit = _PROCESS_FS[id(fs)] = (fs, copy)
+        return hit[1]
+
+
 @dataclass(frozen=True)
 class SourceFile:
     """One resolved file: the filesystem it lives on, its path there, its size, and the
@@ -75,10 +118,14 @@ class SourceFile:
     uri: str = ""
     key: str = ""
     mtime_ns: Optional[int] = field(default=None, compare=False)
+    #: Whether the listing that found this file saw an index (`MANIFEST_NAME`) in the directory its spec
+    #: resolved under (a glob's or a directory's listing covers it; None: not known, e.g. a file spec),
+    #: so a remote source is not asked twice (manifest.py).
+    index_listed: Optional[bool] = field(default=None, compare=False, repr=False)
 
     def open(self):
-        """A seekable pyarrow input file."""
-        return self.fs.open_input_file(self.path)
+        """A seekable pyarrow input file (through this process's own filesystem, see `process_fs`)."""
+        return process_fs(self.fs).open_input_file(self.path)
 
     def open_unchanged(self):
         """`open`, refusing a file whose size is not the listed one: a rewritten file's row groups
@@ -237,10 +284,11 @@ def _resolve_one(spec: str, fmt: str) -> List[SourceFile]:
     except Exception as e:  # pyarrow raises ArrowInvalid / OSError for bad URIs
         raise FileNotFoundError(f"cannot open source {_redact(repr(spec), spec)}: {_redact(str(e), spec)}") from None
     remote = fs.type_name != "local"  # s3, gcs, hdfs ...: paths start with a bucket
+    listed = None  # everything under base, when base was listed recursively
     try:
         if _is_glob(path):
             base = _glob_root(path)
-            infos = fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
+            infos = listed = fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
             files = [i for i in infos if i.type == pafs.FileType.File and fnmatch.fnmatch(i.path, path)
                      and os.path.basename(i.path) != MANIFEST_NAME]
         else:
@@ -249,7 +297,7 @@ def _resolve_one(spec: str, fmt: str) -> List[SourceFile]:
                 files, base = [info], os.path.dirname(path)
             elif info.type == pafs.FileType.Directory:
                 base = path
-                infos = fs.get_file_info(pafs.FileSelector(path, recursive=True))
+                infos = listed = fs.get_file_info(pafs.FileSelector(path, recursive=True))
                 files = [
                     i for i in infos
                     if i.type == pafs.FileType.File
@@ -275,6 +323,7 @@ def _resolve_one(spec: str, fmt: str) -> List[SourceFile]:
             f"check the path, or the file endings {FORMAT_SUFFIXES[fmt]}"
         )
     base = base.rstrip("/")
+    index_listed = None if listed is None else any(i.path == f"{base}/{MANIFEST_NAME}" for i in listed)
     return [
         SourceFile(
             path=i.path,
@@ -283,6 +332,7 @@ def _resolve_one(spec: str, fmt: str) -> List[SourceFile]:
             fs=fs,
             uri=prefix + i.path,
             mtime_ns=i.mtime_ns,
+            index_listed=index_listed,
         )
         for i in files
     ]

@@ -31,8 +31,11 @@ are the constants below); nothing in it is evaluated or unpickled.
 Measured on this 2-core machine, ``plan_source`` (listing included), best of 3-7:
 400 local files 68 ms from footers, 27 ms from the index; 200 objects on S3
 (moto's server on loopback, so no network latency) 2.4 s from footers, 75 ms from
-the index. Footer reads at build: N without an index, 0 with one
-(`tests/test_manifest.py` counts them).
+the index (footers read one by one; read 32 at a time since, parquet.py, 200 objects
+behind 100 ms of latency take 2.4 s instead of 51 s, and the index one request). Footer
+reads at build: N without an index, 0 with one (`tests/test_manifest.py` counts them).
+Whether a directory holds an index is seen in the listing of a glob or a directory
+(`SourceFile.index_listed`), so only a single-file spec costs a lookup for it.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import pyarrow.fs as pafs
 
-from .parquet import TEXT, Footer, UnitTable, check_column, read_footer, units_from_footers
+from .parquet import TEXT, Footer, UnitTable, check_column, footers_or_errors, units_from_footers
 from .files import FORMAT_SUFFIXES, MANIFEST_NAME, SourceFile, _redact, resolve_files
 
 FORMAT = "tokenloom.index"
@@ -89,8 +92,9 @@ def build_manifest(spec: str, files: Sequence[SourceFile], column: Optional[str]
     entries = []
     for f in files:
         _refuse_other_formats(f)
-    for f in files:
-        footer = read_footer(f)
+    for f, footer in zip(files, footers_or_errors(files)):  # remote footers read at once
+        if isinstance(footer, Exception):
+            raise footer
         if column:
             check_column(f, footer, column, None)
         schema = schemas.setdefault(footer.columns, len(schemas))
@@ -186,10 +190,10 @@ def load_manifest(fs: pafs.FileSystem, path: str, shown: str) -> Manifest:
 def _default_manifest(f: SourceFile) -> Optional[Manifest]:
     """The index in the directory ``f``'s spec resolved under, if there is one."""
     base = _base(f)
-    if not base:
+    if not base or f.index_listed is False:  # the listing of that directory saw none: no request
         return None
     path = f"{base}/{MANIFEST_NAME}"
-    if f.fs.get_file_info(path).type != pafs.FileType.File:
+    if not f.index_listed and f.fs.get_file_info(path).type != pafs.FileType.File:
         return None
     return load_manifest(f.fs, path, _shown(f, path))
 
@@ -204,11 +208,24 @@ def list_units(files: Sequence[SourceFile], column: str, *, require: Optional[st
         index = load_manifest(*_location(manifest), manifest)
         footers = [index.footer(f) for f in files]
     else:
-        found: Dict[str, Optional[Manifest]] = {}
+        found: Dict[str, Any] = {}  # base -> its Manifest, None, or the error looking it up raised
+        bases = []
         for f in files:
             base = _shown(f, _base(f))  # with the scheme: a local and a remote directory may share a path
             if base not in found:
-                found[base] = _default_manifest(f)
+                try:
+                    found[base] = _default_manifest(f)
+                except Exception as e:  # noqa: BLE001 - raised below where its first file comes
+                    found[base] = e
+            bases.append(base)
+        unindexed = [f for f, b in zip(files, bases) if found[b] is None]
+        read = dict(zip((id(f) for f in unindexed), footers_or_errors(unindexed)))  # remote ones at once
+        for f, base in zip(files, bases):  # errors in file order, as reading one by one raised them
             index = found[base]
-            footers.append(index.footer(f) if index is not None else read_footer(f))
+            if isinstance(index, Exception):
+                raise index
+            footer = index.footer(f) if index is not None else read[id(f)]
+            if isinstance(footer, Exception):
+                raise footer
+            footers.append(footer)
     return units_from_footers(files, footers, column, require=require)
