@@ -25,7 +25,7 @@ takes ~45 ms, where calling the former per-shard loop 8,000 times took ~35-50 s.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, NamedTuple, Optional, Sequence
+from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Sequence
 
 import numpy as np
 
@@ -240,6 +240,23 @@ class ShardUnits(Node[WorkSlice]):
             plan = self._plan_of(epoch)
             out += plan[self._index:] if epoch == self._epoch else plan
         return out
+
+    def ahead(self) -> Iterator[WorkSlice]:
+        """The slices this node will emit from its current position on, in order, without moving
+        it: what a reader may fetch ahead (readahead.py). Taken at the call (a later `next` does not
+        shift it); epochs are planned as they are reached, so an endless node gives an endless
+        iterator. Empty for a round that cannot restart (`next` raises there)."""
+        if self._unstartable:
+            return iter(())
+        return self._ahead_from(self._pre, self._epoch, self._index, self._plan)
+
+    def _ahead_from(self, pre: int, epoch: int, index: int, plan: Optional[List[WorkSlice]]) -> Iterator[WorkSlice]:
+        for k in range(pre, self._end):
+            yield self.prefix[k - self.prefix_offset]
+        while self.epochs is None or epoch < self.first_epoch + self.epochs:
+            plan = self._plan_of(epoch) if plan is None else plan
+            yield from plan[index:]
+            epoch, index, plan = epoch + 1, 0, None
 
     def next_epoch(self) -> int:
         """The epoch of the next slice this node would emit (its position, in epochs)."""

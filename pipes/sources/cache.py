@@ -24,7 +24,9 @@ Cost: a unit is one parquet row group read (zstd, 0.9-1.0 bytes a token measured
 token to read) and per document a slice of one numpy array, ~3 us with `Tokenize` adding
 BOS, instead of decoding and encoding its text. A B=8, T=2048 batch of the stdlib corpus
 then costs 0.7 ms of CPU in one process against 5.6 ms encoding on tiktoken, 14 ms on
-tokenizers (benchmarks/cache.py).
+tokenizers (benchmarks/cache.py). A cache on remote storage (``cache="s3://..."``) is read
+ahead as parquet sources are (readahead.py): the row groups of the units a worker reads
+next are fetched in the background, within the same byte budget; the ids are the same.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import logging
 import os
 import warnings
 from dataclasses import dataclass, fields
-from typing import Any, Dict, List, Mapping, Optional, Union
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
 import pyarrow.fs as pafs
@@ -48,7 +50,8 @@ from .cache_build import build_cache  # noqa: F401  (the Python entry of `tokenl
 from .cache_format import (K_CACHE, K_CACHE_BYTES, K_DTYPE, K_KEY, K_SIZE, K_TOKENIZER, K_UNITS, UnitTexts,
                            cache_files, dtype_for, file_entry, file_units, header, header_conflict, matches, merged_files,
                            has_parts, open_root, read_ids, read_parts, source_dir)
-from .files import OpenFiles
+from .files import OpenFiles, process_fs
+from .readahead import RowGroupReadAhead, budget_for
 from .readers import SourcePlan
 from .text_files import CursorReader, SkipCount, UnitCursor
 
@@ -116,6 +119,7 @@ class ReadCached(CursorReader, SkipCount, Node[Doc]):
         self._docs: Optional[List[Optional[str]]] = None  # the unit's texts when it is not cached
         self._skipped = 0
         self._warned = False
+        self._ahead: Any = None  # RowGroupReadAhead, made at the first reset; False: off
 
     def reset(self, initial_state: Optional[Dict[str, Any]] = None) -> None:
         if initial_state is None:
@@ -124,15 +128,40 @@ class ReadCached(CursorReader, SkipCount, Node[Doc]):
         else:
             self._cursor.reset(initial_state[self.PARENT], initial_state[self.ROW])
             self._skipped = int(initial_state.get(self.SKIPPED, 0))
+        ahead = self._read_ahead()
+        if ahead is not None:
+            ahead.restart()
 
-    def _parquet(self, k: int) -> pq.ParquetFile:
+    def _handle(self, k: int) -> Any:
         c = self.cache
-        handle = c.fs.open_input_file(c.paths[k])
+        handle = process_fs(c.fs).open_input_file(c.paths[k])
         if handle.size() != c.sizes[k]:
             handle.close()
             raise RuntimeError(f"cache file {c.paths[k]} is {handle.size()} bytes, its manifest says {c.sizes[k]}: "
                                "it changed after the loader was built; rebuild the loader")
-        return pq.ParquetFile(handle)
+        return handle
+
+    def _parquet(self, k: int) -> pq.ParquetFile:
+        return pq.ParquetFile(self._handle(k))
+
+    def _read_ahead(self) -> Optional[RowGroupReadAhead]:
+        """The cache files' read-ahead (readahead.py: on for a cache on remote storage), or None."""
+        if self._ahead is None:
+            budget = budget_for([self.cache.fs]) if hasattr(self._cursor.parent, "ahead") else 0
+            self._ahead = RowGroupReadAhead(self._handle, self._upcoming, budget=budget, columns=None,
+                                            checksums=False, use_threads=False, name=self.source) if budget else False
+        return self._ahead or None
+
+    def _upcoming(self) -> Iterator[Optional[Tuple[int, int]]]:
+        """``(cache file, row group)`` of the units loaded next (None: a unit the cache lacks)."""
+        file, group = self.cache.file, self.cache.group
+        return ((int(file[s.unit]), int(group[s.unit])) if file[s.unit] >= 0 else None
+                for s in self._cursor.parent.ahead())
+
+    def readahead_stats(self) -> Optional[Dict[str, Any]]:
+        """What the read-ahead fetched and how long the reader waited for it (None: reading synchronously)."""
+        ahead = self._ahead or None
+        return None if ahead is None else ahead.stats()
 
     def _load(self, s: WorkSlice) -> int:
         u = s.unit
@@ -148,8 +177,11 @@ class ReadCached(CursorReader, SkipCount, Node[Doc]):
             self._docs = None
             path, g = self.cache.paths[k], int(self.cache.group[u])
             try:
-                # use_threads=False: the loader workers are the parallelism
-                table = self._open.get(k, self._parquet).read_row_group(g, use_threads=False)
+                ahead = self._ahead or None
+                if ahead is not None:
+                    table = ahead.read((k, g))
+                else:  # use_threads=False: the loader workers are the parallelism
+                    table = self._open.get(k, self._parquet).read_row_group(g, use_threads=False)
                 self._values, offsets, self._valid = read_ids(table.column(0), self.cache.dtype)
             except RuntimeError:
                 raise

@@ -56,6 +56,7 @@ from .fingerprint import content_key
 from ..items import Doc
 from ..shard import ShardUnits, WorkSlice
 from .files import FileChangedError, FileUnits, OpenFiles, SourceFile, sft_advice
+from .readahead import RowGroupReadAhead, budget_for
 from .text_files import CursorReader, SkipCount, UnitCursor
 
 log = logging.getLogger(__name__)
@@ -257,6 +258,10 @@ class ReadParquet(CursorReader, SkipCount, Node[Doc]):
     Null values are skipped, counted in the state (``skipped``, and per source in a
     recipe's ``loader.stats()``) and reported once per worker with their location,
     so a few bad rows do not stop a run and are never lost silently.
+
+    Row groups on remote storage are fetched ahead in the background (readahead.py):
+    ``readahead`` is the byte budget (0: read synchronously; None: ``TOKENLOOM_READAHEAD``,
+    by default 64 MiB for remote files and none for local ones).
     """
 
     PARENT = "parent"
@@ -268,10 +273,12 @@ class ReadParquet(CursorReader, SkipCount, Node[Doc]):
     OPEN_FILES = 8
 
     def __init__(self, parent: ShardUnits, units: UnitTable, *, column: str = "text", source: str = "",
-                 seed: int = 0, shuffle_rows: bool = True):
+                 seed: int = 0, shuffle_rows: bool = True, readahead: Optional[int] = None):
         super().__init__()
         self.parent, self.units, self.column = parent, units, column
         self.source, self.seed, self.shuffle_rows = source, seed, shuffle_rows
+        self.readahead = readahead
+        self._ahead: Any = None  # RowGroupReadAhead, made at the first reset (in the process that reads); False: off
         self._open = OpenFiles(self.OPEN_FILES)
         self._cursor = UnitCursor(parent, self._load, seed=seed, shuffle_rows=shuffle_rows)
         self._column: Any = None  # the loaded unit's column, rows in file order
@@ -288,12 +295,38 @@ class ReadParquet(CursorReader, SkipCount, Node[Doc]):
         else:
             self._cursor.reset(initial_state[self.PARENT], initial_state[self.ROW])
             self._skipped = int(initial_state[self.SKIPPED])
+        ahead = self._read_ahead()
+        if ahead is not None:
+            ahead.restart()  # plans the fetches from the restored position; they start with the first read
+
+    def _read_ahead(self) -> Optional[RowGroupReadAhead]:
+        """This reader's read-ahead, or None: off, or a reader of another container (its own `_read_unit`)."""
+        if self._ahead is None:
+            own = type(self)._read_unit is ReadParquet._read_unit and hasattr(self.parent, "ahead")
+            budget = budget_for({id(f.fs): f.fs for f in self.units.files}.values(), self.readahead) if own else 0
+            self._ahead = RowGroupReadAhead(
+                lambda i: self.units.files[i].open_unchanged(), self._upcoming, budget=budget, columns=[self.column],
+                name=self.source, footers=getattr(self.units, "footers", None)) if budget else False
+        return self._ahead or None
+
+    def _upcoming(self) -> Iterator[Tuple[int, int]]:
+        """``(file, row group)`` of the units this reader loads next, in order, from the sharder's position."""
+        file, group = self.units.file, self.units.row_group
+        return ((int(file[s.unit]), int(group[s.unit])) for s in self.parent.ahead())
+
+    def readahead_stats(self) -> Optional[Dict[str, Any]]:
+        """What the read-ahead fetched and how long the reader waited for it (None: reading synchronously)."""
+        ahead = self._ahead or None
+        return None if ahead is None else ahead.stats()
 
     def _parquet(self, i: int) -> pq.ParquetFile:
         return pq.ParquetFile(self.units.files[i].open_unchanged(), page_checksum_verification=True)
 
     def _read_unit(self, u: int) -> pa.Table:
         """Unit ``u``'s column as a one-column table (a reader of another container overrides it)."""
+        ahead = self._ahead or None
+        if ahead is not None:
+            return ahead.read((int(self.units.file[u]), int(self.units.row_group[u])))
         pf = self._open.get(int(self.units.file[u]), self._parquet)
         return pf.read_row_group(int(self.units.row_group[u]), columns=[self.column])
 

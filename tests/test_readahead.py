@@ -1,0 +1,373 @@
+"""Read-ahead of parquet row groups (pipes/sources/readahead.py), and listing remote footers at once.
+
+Read-ahead may change when bytes arrive, never what comes: batches are compared bit for bit
+with the synchronous reader (local files with read-ahead forced on, and moto's S3 server, the
+fixture of tests/test_s3.py), resumes are exact through the shared helpers, an error while
+fetching is raised where the reader reaches that unit naming its file and row group (not a
+hang), and the bytes held stay within the budget. Also: the sharder's look-ahead is what it
+then emits, parallel footer reads give the same units and the same first error as one by one,
+and a forked process reads S3 through its own connections.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import multiprocessing
+import os
+import pickle
+import re
+import threading
+import time
+from itertools import islice
+
+import boto3
+import numpy as np
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+import pytest
+
+from tokenloom.pipes import ReadParquet, ShardUnits, list_parquet_units, resolve_files
+from tokenloom.pipes.shard import WorkSlice
+from tokenloom.pipes.sources import parquet as parquet_mod
+from tokenloom.pipes.sources import readahead
+from tokenloom.pipes.sources.cache import build_cache
+from tokenloom.pipes.sources.files import process_fs
+from tokenloom.recipes import pretrain
+
+from .conftest import synthetic_texts, write_corpus
+from .resume import check_loader_resume, check_node_resume, items_equal
+from .test_s3 import ARGS, BUCKET, PREFIX, _raises_without_hanging, _uri, creds, s3  # noqa: F401 (fixtures)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+@pytest.fixture(scope="module")
+def local(tmp_path_factory):
+    """1200 documents in 4 files of 40-row row groups (30 units); returns (glob, units)."""
+    root = tmp_path_factory.mktemp("readahead")
+    write_corpus(str(root), synthetic_texts(1200, seed=26), files=4, row_group_size=40)
+    glob = str(root / "*.parquet")
+    return glob, list_parquet_units(resolve_files(glob), "text")
+
+
+def _reader(units, readahead_bytes, *, shard=0, num_shards=2, epochs=2, seed=3):
+    node = ShardUnits(units.rows, shard=shard, num_shards=num_shards, seed=seed, epochs=epochs)
+    return ReadParquet(node, units, column="text", seed=seed, readahead=readahead_bytes)
+
+
+def _docs(reader):
+    reader.reset(None)
+    return list(reader)
+
+
+def _unit_bytes(units, u):
+    meta = pq.ParquetFile(units.files[int(units.file[u])].path).metadata
+    return sum(n for _, n in readahead.chunk_ranges(meta, int(units.row_group[u]), ["text"],
+                                                     units.files[int(units.file[u])].size))
+
+
+# --- the sharder's look-ahead ---------------------------------------------------------------------
+
+def test_ahead_is_what_the_sharder_emits_next_from_any_position():
+    rows = np.array([5, 3, 8, 1, 6, 2, 7], np.int64)
+    prefix = [WorkSlice(0, 2, 0, 4, 0), WorkSlice(0, 5, 1, 2, 0)]
+    for kw in ({"epochs": 3}, {"epochs": None}, {"epochs": 2, "prefix": prefix, "resume_epoch": 1}):
+        node = ShardUnits(rows, shard=1, num_shards=3, seed=7, **kw)
+        node.reset(None)
+        for step in range(12):
+            state = node.state_dict()
+            ahead = list(islice(node.ahead(), 10))
+            fresh = ShardUnits(rows, shard=1, num_shards=3, seed=7, **kw)
+            fresh.reset(state)
+            assert ahead == list(islice(fresh, 10)), f"{kw}, step {step}"
+            try:
+                next(node)
+            except StopIteration:
+                assert ahead == []
+                break
+
+
+# --- the same documents and batches ------------------------------------------------------------------
+
+def test_reader_documents_equal_and_fetched_ahead(local):
+    _, units = local
+    want = _docs(_reader(units, 0))
+    reader = _reader(units, 1 << 20)
+    got = _docs(reader)
+    assert len(got) == len(want) > 500 and got == want
+    stats = reader.readahead_stats()
+    assert stats["ready"] + stats["waited"] > 10 and stats["misses"] == 0, stats
+    assert _reader(units, 0).readahead_stats() is None
+
+
+def test_reader_resumes_exactly_at_every_step_with_readahead(local):
+    _, units = local
+    assert check_node_resume(lambda: _reader(units, 64 << 10), max_steps=150) == 150
+
+
+def test_local_loader_batches_equal_with_readahead_forced_on(local, tok_path, monkeypatch):
+    glob, _ = local
+    args = dict(seq_len=127, batch_size=4, buffer_size=24, epochs=1, num_workers=2, seed=5)
+    monkeypatch.setenv(readahead.ENV, "0")
+    want = list(pretrain(glob, tokenizer=tok_path, **args))
+    monkeypatch.setenv(readahead.ENV, "all")
+    got = list(pretrain(glob, tokenizer=tok_path, **args))
+    assert len(got) == len(want) > 10
+    for j, (a, b) in enumerate(zip(want, got)):
+        assert items_equal(a, b), f"batch {j} differs with read-ahead on"
+
+
+def test_local_loader_resume_with_readahead_forced_on(local, tok_path, monkeypatch):
+    glob, _ = local
+    monkeypatch.setenv(readahead.ENV, "all")
+    monkeypatch.setenv(readahead.ENV_BYTES, "20K")  # about one row group ahead
+    check_loader_resume(lambda: pretrain(glob, tokenizer=tok_path, seq_len=127, batch_size=4, buffer_size=24,
+                                         num_workers=2, seed=5), steps=[2, 9], total=16)
+
+
+@pytest.mark.parametrize("mode", ["auto", "0"])
+def test_s3_batches_equal_local_with_and_without_readahead(s3, creds, tok_path, mode):
+    """``auto`` reads S3 ahead (the default); ``0`` forces the synchronous reader."""
+    _, _, _, local_dir, _ = s3
+    creds.setenv(readahead.ENV, mode)
+    args = dict(epochs=1, num_workers=2, **ARGS)
+    remote = list(pretrain(_uri(s3), tokenizer=tok_path, **args))
+    on_disk = list(pretrain(os.path.join(local_dir, "*.parquet"), tokenizer=tok_path, **args))
+    assert len(remote) == len(on_disk) > 10
+    for j, (a, b) in enumerate(zip(on_disk, remote)):
+        assert items_equal(a, b), f"batch {j} read from S3 ({readahead.ENV}={mode}) differs from local disk"
+
+
+def test_s3_exact_resume_with_readahead_of_one_unit(s3, creds, tok_path):
+    creds.setenv(readahead.ENV_BYTES, "1")  # every unit alone: the budget never holds two
+    check_loader_resume(lambda: pretrain(_uri(s3), tokenizer=tok_path, num_workers=2, **ARGS), steps=[1, 6], total=12)
+
+
+def test_s3_reader_in_process_uses_the_shipped_footers(s3, creds):
+    units = list_parquet_units(resolve_files(_uri(s3)), "text")
+    assert units.footers is not None and len(units.footers) == len(units.files)  # few remote files: shipped
+    want = _docs(_reader(units, 0))
+    reader = _reader(units, 1 << 20)
+    assert _docs(reader) == want
+    assert reader.readahead_stats()["misses"] == 0
+
+
+def test_token_cache_on_s3_read_ahead_equals_synchronous(s3, creds, tok_path):
+    endpoint = s3[0]
+    query = f"?endpoint_override={endpoint}&scheme=http&region=us-east-1"
+    src = f"s3://{BUCKET}/{PREFIX}/*.parquet{query}"
+    out = f"s3://{BUCKET}/cache/readahead{query}"
+    build_cache({"web": src}, tok_path, out, processes=1)
+    args = dict(seq_len=127, batch_size=4, buffer_size=24, epochs=1, num_workers=2)
+    runs = {}
+    for mode in ("auto", "0"):
+        creds.setenv(readahead.ENV, mode)
+        loader = pretrain({"web": src}, tokenizer=tok_path, cache=out, cache_strict=True, **args)
+        runs[mode] = list(loader)
+        assert loader.stats()["sources"]["web"]["tokenized"] == 0
+    assert len(runs["auto"]) == len(runs["0"]) > 5
+    assert all(items_equal(a, b) for a, b in zip(runs["auto"], runs["0"]))
+
+
+# --- errors -----------------------------------------------------------------------------------------
+
+def _first_doc_of(docs, unit):
+    return next(i for i, d in enumerate(docs) if d.unit == unit)
+
+
+@pytest.mark.parametrize("where", ["range", "footer"])
+def test_fetch_error_is_raised_at_its_unit_naming_file_and_row_group(local, monkeypatch, where):
+    _, units = local
+    want = _docs(_reader(units, 0))
+    bad = want[len(want) // 2].unit  # a unit in the middle of the stream, fetched ahead long before
+    bad_file, bad_group = int(units.file[bad]), int(units.row_group[bad])
+    assert len({f.size for f in units.files}) == len(units.files)  # a handle's size names its file here
+    meta = pq.ParquetFile(units.files[bad_file].path).metadata
+    (offset, _), = readahead.chunk_ranges(meta, bad_group, ["text"], units.files[bad_file].size)
+    real_range, real_meta = readahead._read_range, readahead._file_meta
+
+    def read_range(handle, off, n):
+        if off == offset and handle.size() == units.files[bad_file].size and where == "range":
+            raise OSError("injected: connection reset by peer")
+        return real_range(handle, off, n)
+
+    def file_meta(handle, raw=None):
+        if where == "footer" and handle.size() == units.files[bad_file].size:
+            raise OSError("injected: the footer read timed out")
+        return real_meta(handle, raw)
+
+    monkeypatch.setattr(readahead, "_read_range", read_range)
+    monkeypatch.setattr(readahead, "_file_meta", file_meta)
+    reader = _reader(units, 1 << 20)
+    got = []
+
+    def run():
+        reader.reset(None)
+        for d in reader:
+            got.append(d)
+
+    err = _raises_without_hanging(run, timeout=60)
+    # footer errors fail the first unit of that file the reader reaches; range errors that unit only
+    first_bad = next(i for i, d in enumerate(want) if int(units.file[d.unit]) == bad_file) if where == "footer" \
+        else _first_doc_of(want, bad)
+    assert got == want[:first_bad], "documents before the failing unit differ or are missing"
+    msg = str(err)
+    assert isinstance(err, RuntimeError) and "injected" in msg, msg
+    assert msg.startswith(f"cannot read {units.where(want[first_bad].unit)}:"), msg
+
+
+def test_deleted_object_fails_in_the_worker_as_without_readahead(s3, creds, tok_path):
+    endpoint, access, secret, local_dir, _ = s3
+    client = boto3.client("s3", endpoint_url=f"http://{endpoint}", region_name="us-east-1",
+                          aws_access_key_id=access, aws_secret_access_key=secret)
+    messages = {}
+    for mode in ("auto", "0"):
+        prefix = f"readahead-gone-{mode}"
+        for name in sorted(os.listdir(local_dir)):
+            with open(os.path.join(local_dir, name), "rb") as f:
+                client.put_object(Bucket=BUCKET, Key=f"{prefix}/{name}", Body=f.read())
+        creds.setenv(readahead.ENV, mode)
+        uri = _uri(s3, f"{BUCKET}/{prefix}/*.parquet")
+        loader = pretrain(uri, tokenizer=tok_path, num_workers=2, **ARGS)
+        gone = sorted(os.listdir(local_dir))[1]
+        client.delete_object(Bucket=BUCKET, Key=f"{prefix}/{gone}")
+        err = _raises_without_hanging(lambda: list(islice(loader, 40)), timeout=90)
+        msg = str(err).replace(prefix, "PREFIX")
+        line = next((x for x in msg.splitlines() if "cannot read" in x), msg)
+        assert re.search(rf"cannot read s3://{BUCKET}/PREFIX/{re.escape(gone)}, row group \d+: .*the file is gone",
+                         line), msg
+        messages[mode] = re.sub(r"row group \d+", "row group N", line)
+    assert messages["auto"] == messages["0"]
+
+
+# --- memory ---------------------------------------------------------------------------------------------
+
+def test_bytes_held_stay_within_the_budget(local, monkeypatch):
+    _, units = local
+    sizes = [_unit_bytes(units, u) for u in range(len(units.rows))]
+    budget = int(2.5 * max(sizes))
+    real = readahead._read_range
+    fetched = []
+
+    def slow(handle, off, n):  # slower than reading: the read-ahead fills up to its budget
+        time.sleep(0.004)
+        fetched.append(n)
+        return real(handle, off, n)
+
+    monkeypatch.setattr(readahead, "_read_range", slow)
+    reader = _reader(units, budget)
+    reader.reset(None)
+    held = []
+    for d in reader:
+        held.append(reader._ahead.held)
+        if d.row % 7 == 0:
+            time.sleep(0.001)
+    stats = reader.readahead_stats()
+    assert max(held) <= budget and stats["peak_bytes"] <= budget, (max(held), stats, budget)
+    assert stats["peak_bytes"] >= 2 * min(sizes), "never more than one unit ahead: nothing was read ahead"
+    assert sum(fetched) == stats["fetched_bytes"]
+    # a budget smaller than a unit: one unit at a time, never two
+    small = _reader(units, 1)
+    small.reset(None)
+    for _ in small:
+        pass
+    assert small.readahead_stats()["peak_bytes"] <= max(sizes)
+
+
+def test_reads_outside_the_fetched_ranges_fall_back_to_the_file(local, monkeypatch):
+    """A layout pyarrow reads differently from the ranges computed here still decodes: the missing
+    bytes are read from the file (and counted)."""
+    _, units = local
+    want = _docs(_reader(units, 0))
+    real = readahead.chunk_ranges
+    monkeypatch.setattr(readahead, "chunk_ranges",
+                        lambda *a: [(off, max(1, n - 200)) for off, n in real(*a)])
+    reader = _reader(units, 1 << 20)
+    assert _docs(reader) == want
+    assert reader.readahead_stats()["misses"] > 0
+
+
+def test_settings(monkeypatch):
+    assert readahead._parse_bytes("64M") == 64 << 20 and readahead._parse_bytes("1.5k") == 1536
+    local_fs = pafs.LocalFileSystem()
+    for env, want in (({}, 0), ({readahead.ENV: "all"}, readahead.DEFAULT_BYTES), ({readahead.ENV: "0"}, 0),
+                      ({readahead.ENV: "all", readahead.ENV_BYTES: "3M"}, 3 << 20)):
+        monkeypatch.delenv(readahead.ENV, raising=False)
+        monkeypatch.delenv(readahead.ENV_BYTES, raising=False)
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        assert readahead.budget_for([local_fs]) == want, env
+    assert readahead.budget_for([local_fs], 5) == 5
+    monkeypatch.setenv(readahead.ENV, "sometimes")
+    with pytest.raises(ValueError, match="TOKENLOOM_READAHEAD='sometimes' must be auto"):
+        readahead.configured()
+
+
+# --- listing remote footers at once ------------------------------------------------------------------------
+
+def test_parallel_footers_equal_sequential_and_raise_the_first_bad_file(s3, creds, monkeypatch):
+    endpoint, access, secret, local_dir, _ = s3
+    files = resolve_files(_uri(s3))
+    parallel = parquet_mod.footers_or_errors(files)
+    sequential = [parquet_mod.read_footer(f) for f in files]
+    assert parallel == sequential and [f.digest for f in parallel] == [f.digest for f in sequential]
+    assert all(f.index_listed is False for f in files)  # the glob's listing saw no index: none is asked for
+
+    client = boto3.client("s3", endpoint_url=f"http://{endpoint}", region_name="us-east-1",
+                          aws_access_key_id=access, aws_secret_access_key=secret)
+    names = sorted(os.listdir(local_dir))
+    for i, name in enumerate(names):
+        with open(os.path.join(local_dir, name), "rb") as f:
+            client.put_object(Bucket=BUCKET, Key=f"readahead-bad/{i}-{name}", Body=f.read())
+    client.put_object(Bucket=BUCKET, Key="readahead-bad/1a-broken.parquet", Body=b"PAR1" + b"x" * 100)
+    client.put_object(Bucket=BUCKET, Key="readahead-bad/2a-other.parquet", Body=b"not parquet at all")
+    monkeypatch.setattr(parquet_mod, "LIST_THREADS", 8)
+    with pytest.raises(ValueError) as e:
+        list_parquet_units(resolve_files(_uri(s3, f"{BUCKET}/readahead-bad/*.parquet")), "text")
+    assert "readahead-bad/1a-broken.parquet" in str(e.value) and "truncated" in str(e.value), str(e.value)
+
+
+# --- S3 across a fork ----------------------------------------------------------------------------------------
+
+def _load_remote_benchmark():
+    spec = importlib.util.spec_from_file_location("remote_bench", os.path.join(HERE, "..", "benchmarks", "remote.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _child_reads(fs, path, want, out):
+    try:
+        handle = process_fs(fs).open_input_file(path)
+        ok = all(handle.read_at(len(want), 0) == want for _ in range(12))
+        out.put((ok, process_fs(fs) is fs))
+    except BaseException as e:  # noqa: BLE001
+        out.put((repr(e), None))
+
+
+def test_forked_processes_read_s3_through_their_own_connections(s3, creds):
+    """Workers forked after the training process read from S3 must not share its pooled connections:
+    behind 30 ms of latency, two children reading at once through the parent's client got each other's
+    bytes. `process_fs` gives each process its own copy of the filesystem."""
+    endpoint, _, _, local_dir, _ = s3
+    bench = _load_remote_benchmark()
+    host, port = endpoint.split(":")
+    proxy_port = bench._free_port()
+    proxy = bench.slow_proxy(proxy_port, int(port), 0.03, 50e6)
+    try:
+        uri = _uri(s3).replace(endpoint, f"127.0.0.1:{proxy_port}")
+        fs, path = pafs.FileSystem.from_uri(uri.replace("*.parquet", "part-000.parquet"))
+        assert process_fs(fs) is fs  # the process that made it uses it as it is
+        want = fs.open_input_file(path).read_at(20000, 0)  # the parent's client now holds a connection
+        ctx = multiprocessing.get_context("fork")
+        out = ctx.Queue()
+        procs = [ctx.Process(target=_child_reads, args=(fs, path, want, out)) for _ in range(3)]
+        for p in procs:
+            p.start()
+        results = [out.get(timeout=60) for _ in procs]
+        for p in procs:
+            p.join(30)
+        assert results == [(True, False)] * 3, results
+        assert pickle.loads(pickle.dumps(fs)).type_name == "s3"
+    finally:
+        proxy.shutdown()
