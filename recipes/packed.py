@@ -31,6 +31,7 @@ from tokenloom.pipes.pack.bestfit import BestFitPack
 from tokenloom.pipes.pack.flat import FlatPack
 from tokenloom.pipes.pack.stats import PACK_STAT_KEYS
 from tokenloom.pipes.loader.rank_sync import RankSync, gloo_sync_from_dist
+from tokenloom.pipes.loader.wire_ring import uses_fork
 from tokenloom.pipes.sources.cache import attach_cache
 from tokenloom.pipes.sources.readers import SourcePlan, named_sources, plan_source
 from tokenloom.pipes.schedule import StepClock, Weights, normalize_schedule
@@ -495,6 +496,8 @@ def packed_loader(
                                 end_label=end_label)
     loader_kwargs = dict(loader_kwargs)
     ring = None
+    if num_workers > 0 and uses_fork(loader_kwargs.get("multiprocessing_context")):
+        encoder.prepare()  # built once here, shared by the forked workers (copy on write)
     if num_workers > 0:
         loader_kwargs.setdefault("prefetch_factor", default_prefetch_factor(batch_size, seq_len))
         ring = ring_bytes(batch_size, seq_len, loader_kwargs["prefetch_factor"] or 2)

@@ -186,3 +186,24 @@ def test_concurrent_first_loads_agree_and_leave_a_whole_entry(cache, tok_file):
     found = tokenizer_cache.lookup(open(tok_file, "rb").read())
     assert found is not None and tokenizer_cache.read_parts(*found) is not None
     assert [p for p in os.listdir(found[0]) if p.startswith(".")] == []  # no temporary file left
+
+
+def test_forked_workers_inherit_the_encoding_built_at_the_build(cache, tok_file, tmp_path, monkeypatch):
+    """A warm build converts nothing and the workers build no encoding of their own: the recipe
+    builds it once before forking (the workers' copy is the parent's)."""
+    data = os.path.dirname(write_corpus(str(tmp_path / "data"), synthetic_texts(200, seed=5), files=2)[0])
+    load_encoder(tok_file)  # fills the cache
+    tiktoken_bpe._encodings.clear()
+    log = tmp_path / "built.txt"
+    real = tiktoken_bpe._build
+
+    def build(parts):  # forked workers inherit this patch: each build is logged with its process
+        with open(log, "a") as f:
+            f.write(f"{os.getpid()}\n")
+        return real(parts)
+
+    monkeypatch.setattr(tiktoken_bpe, "_build", build)
+    loader = pretrain(data, tokenizer=tok_file, seq_len=64, batch_size=2, num_workers=2,
+                      multiprocessing_context="fork")
+    assert len(list(zip(range(4), loader))) == 4  # both workers encoded text
+    assert log.read_text().split() == [str(os.getpid())]  # built once, here, at the build

@@ -1,0 +1,134 @@
+"""From ``pretrain(...)`` to the first batch: every step, cold and warm, with a 100k-id tokenizer.json.
+
+A user waits for the build every time a job starts or resumes, on every rank. With a large
+byte-level BPE most of it used to be the tokenizer, not the data: parsing the JSON, converting
+it for tiktoken and checking the conversion (~1 s at 100k ids), loading it into ``tokenizers``
+(~0.3 s), in every process that built a loader. The tokenizer cache (pipes/tokenizer_cache.py)
+keeps what that works out per file content, so only the first build on a machine pays it.
+
+Each run is a fresh interpreter (tokenloom and torch imported before the clock starts), 2
+workers, T=2048, B=8, bestfit, the man-page corpus of held_out.py (8,000 pages in 8 parquet
+files; the stdlib corpus where there are no man pages) and held_out.py's 100k-id BPE:
+
+- ``cold``: an empty tokenizer cache (the first build on a machine);
+- ``warm``: the cache filled by an earlier build (every later build, any process);
+- ``warm, cache=``: warm, reading token ids from a token cache (``tokenloom tokenize``) instead of text;
+- ``cold/warm, tokenizers engine``: ``TOKENLOOM_TIKTOKEN=0`` (no verdict is kept: cold both times).
+
+Steps timed: ``load_encoder`` (what the recipe does first), the rest of the build
+(listing the parquet footers, the graph, the loader), ``iter`` (workers forked) and ``next``
+(the first batch in hand). Rounds interleaved; medians (and the fastest) reported.
+
+    python benchmarks/build.py            # ~2 minutes on 2 cores
+    python benchmarks/build.py --quick    # 2 rounds
+Prints JSON; writes benchmarks/build.json and the ``## build`` section of RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from typing import Any, Dict, List
+
+import numpy as np
+
+HERE = os.path.abspath(os.path.dirname(__file__))
+sys.path.insert(0, HERE)
+from results_md import write_section  # noqa: E402
+
+CHILD = r"""
+import json, os, sys, time
+import torch  # noqa: F401  (imported before the clock, as in a training script)
+from tokenloom.pipes import load_encoder
+from tokenloom.recipes import pretrain
+files, tokenizer, cache = json.loads(sys.argv[1])
+t0 = time.perf_counter()
+enc = load_encoder(tokenizer)
+t1 = time.perf_counter()
+loader = pretrain(files, tokenizer=enc, seq_len=2048, batch_size=8, num_workers=2, cache=cache)
+t2 = time.perf_counter()
+it = iter(loader)
+t3 = time.perf_counter()
+batch = next(it)
+t4 = time.perf_counter()
+print(json.dumps({"load_encoder": t1 - t0, "build": t2 - t1, "iter": t3 - t2, "next": t4 - t3, "total": t4 - t0,
+                  "engine": enc.engine}))
+"""
+
+
+def child(files: List[str], tokenizer: str, cache_dir: str, token_cache: Any, tiktoken: bool) -> Dict[str, Any]:
+    env = dict(os.environ, TOKENLOOM_CACHE=cache_dir)
+    if not tiktoken:
+        env["TOKENLOOM_TIKTOKEN"] = "0"
+    out = subprocess.run([sys.executable, "-c", CHILD, json.dumps([files, tokenizer, token_cache])], env=env,
+                         capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--out", default=os.path.join(HERE, "build.json"))
+    ap.add_argument("--results", default=os.path.join(HERE, "RESULTS.md"))
+    args = ap.parse_args()
+    rounds = 2 if args.quick else args.rounds
+    import held_out
+
+    facts = held_out.prepare(8000)
+    files, tokenizer = held_out.corpus_files(8000), held_out.tokenizer_path()
+    work = tempfile.mkdtemp(prefix="tokenloom-build-bench-")
+    token_cache = os.path.join(work, "tokens")
+    from tokenloom.pipes.sources.cache import build_cache
+
+    build_cache(files, tokenizer, token_cache)
+    load = os.getloadavg()
+    runs: Dict[str, List[Dict[str, Any]]] = {}
+    for r in range(rounds):
+        fresh = os.path.join(work, f"cold{r}")
+        runs.setdefault("cold", []).append(child(files, tokenizer, fresh, None, True))
+        runs.setdefault("warm", []).append(child(files, tokenizer, fresh, None, True))
+        runs.setdefault("warm, cache=", []).append(child(files, tokenizer, fresh, token_cache, True))
+        fresh_t = os.path.join(work, f"tok{r}")
+        runs.setdefault("cold, tokenizers engine", []).append(child(files, tokenizer, fresh_t, None, False))
+        runs.setdefault("warm, tokenizers engine", []).append(child(files, tokenizer, fresh_t, None, False))
+        print(f"round {r + 1}: " + ", ".join(f"{k} {v[-1]['total']:.2f} s" for k, v in runs.items()), file=sys.stderr)
+    shutil.rmtree(work, ignore_errors=True)
+    steps = ("load_encoder", "build", "iter", "next", "total")
+    result = {"rounds": rounds, "load_average": {"start": load, "end": os.getloadavg()}, "corpus": facts,
+              "runs": {k: {s: {"median": float(np.median([x[s] for x in v])), "fastest": float(min(x[s] for x in v))}
+                           for s in steps} for k, v in runs.items()},
+              "engine": {k: v[0]["engine"] for k, v in runs.items()}}
+    print(json.dumps(result, indent=2))
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=2)
+    write_section(args.results, "build", markdown(result, "python benchmarks/build.py" + (" --quick" if args.quick else "")))
+
+
+def markdown(res: Dict[str, Any], command: str) -> str:
+    la = res["load_average"]
+    lines = [f"Command: `{command}` (writes `benchmarks/build.json`); 2 CPUs, load average "
+             f"{[round(x, 2) for x in la['start']]} at start, {[round(x, 2) for x in la['end']]} at end (shared with "
+             f"other jobs). {res['rounds']} interleaved rounds, each run a fresh interpreter with torch and tokenloom "
+             "imported; seconds, median (fastest). `pretrain` of 8,000 man pages in 8 parquet files, a 100k-id "
+             "byte-level BPE tokenizer.json, T=2048, B=8, 2 workers. *cold*: empty tokenizer cache; *warm*: the "
+             "cache an earlier build filled; *cache=*: token ids from a token cache instead of text.", "",
+             "| run | engine | load_encoder | rest of the build | iter | next (first batch) | total |",
+             "|---|---|---|---|---|---|---|"]
+    for k, r in res["runs"].items():
+        cells = " | ".join(f"{r[s]['median']:.3f} ({r[s]['fastest']:.3f})"
+                           for s in ("load_encoder", "build", "iter", "next", "total"))
+        lines.append(f"| {k} | {res['engine'][k]} | {cells} |")
+    warm, cold = res["runs"]["warm"]["total"]["median"], res["runs"]["cold"]["total"]["median"]
+    lines += ["", f"Warm build to first batch: {warm:.2f} s against {cold:.2f} s cold ({cold / warm:.1f}x); "
+                  f"target <= 0.3 s warm: {'met' if warm <= 0.3 else '**not met**'}."]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
