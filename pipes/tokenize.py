@@ -151,13 +151,19 @@ class Tokenize(Node[TokenDoc]):
             self._fill()
         return self._out[self._emitted:]
 
-    def in_flight_origins(self) -> np.ndarray:
-        """``(epoch, unit, pos, used)`` of each document read but not handed on (`in_flight` without
-        reading: an int64 array of shape (n, 4)), for a packer's save point (pack/savepoint.py). One
-        Python pass per batch, kept for the batch's later calls."""
+    def in_flight_origins(self, source: int) -> np.ndarray:
+        """The documents read but not handed on as rows ``(source, 0, epoch, unit, pos, used)``
+        (`in_flight` without reading; ``source``: the caller's index of this branch's source), for a
+        packer's save point (pack/savepoint.py). One Python pass per batch, kept for its later calls."""
         if self._origins_of is not self._out:
-            self._origins = np.asarray([d[3:7] for d in self._out], np.int64).reshape(-1, 4)
-            self._origins_of = self._out
+            n = len(self._out)
+            rows = np.empty((n, 6), np.int64)
+            rows[:, 0], rows[:, 1] = source, 0
+            if n:
+                out = self._out
+                rows[:, 2], rows[:, 3] = [d[3] for d in out], [d[4] for d in out]
+                rows[:, 4], rows[:, 5] = [d[5] for d in out], [d[6] for d in out]
+            self._origins, self._origins_of = rows, self._out
         return self._origins[self._emitted:]
 
     def untouched_since_restore(self) -> bool:

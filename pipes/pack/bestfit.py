@@ -83,6 +83,9 @@ from .savepoint import SavePoint, again_of
 from .stats import load_stats, new_stats
 
 
+_NO_ROWS = np.zeros((0, 6), np.int64)
+
+
 class BestFitPack(Node[Row]):
     PARENT = "parent"
     BASE = "base"
@@ -153,9 +156,9 @@ class BestFitPack(Node[Row]):
         self._replay_to = 0
         self._replay_live: Dict[int, int] = {}
         self._stats = new_stats()
-        # Where each slot's document comes from (source index, epoch, unit, pos), filled in by
-        # get_state for the documents pulled since the previous one (savepoint.py).
-        self._origin = np.zeros((4, self.buffer_size), np.int64)
+        # Per slot, its document as a row of the save point's table (source index, 1, epoch, unit,
+        # pos, used), filled in by get_state for the documents pulled since the previous one (savepoint.py).
+        self._origin = np.ones((self.buffer_size, 6), np.int64)
         self._origin_from = 0  # documents pulled before this one have their origin in the table
         self._moved = False  # next() ran since the reset: the loaded save point no longer describes it
         self._savepoint.clear()
@@ -356,23 +359,28 @@ class BestFitPack(Node[Row]):
             return point.loaded
         nsrc = point.count()
         if buffered is None:
-            return point.take(np.zeros((0, 5), np.int64), [0] * (2 * nsrc))
+            return point.take(_NO_ROWS, [0] * (2 * nsrc))
         slots, used = buffered
         origin = self._origin
         if self._origin_from < self._pulled:
-            docs, index = self._docs, point.source_of
-            if self._pulled - self._origin_from <= len(self._slot_of):
-                fresh = ((seq, self._slot_of.get(seq)) for seq in range(self._origin_from, self._pulled))
+            # One Python step per document pulled since the last state (TokenDoc fields by position:
+            # source, epoch, unit, pos), one numpy assignment for all of them.
+            docs, slot_of, index = self._docs, self._slot_of, point.index.get
+            if self._pulled - self._origin_from <= len(slot_of):
+                seqs = [seq for seq in range(self._origin_from, self._pulled) if seq in slot_of]
             else:
-                fresh = ((seq, slot) for seq, slot in self._slot_of.items() if seq >= self._origin_from)
-            for seq, slot in fresh:
-                if slot is not None:
-                    d = docs[seq]
-                    origin[0, slot], origin[1, slot], origin[2, slot], origin[3, slot] = (
-                        index(d.source), d.epoch, d.unit, d.pos)
+                seqs = [seq for seq in slot_of if seq >= self._origin_from]
+            if seqs:
+                new = [slot_of[seq] for seq in seqs]
+                got = [docs[seq] for seq in seqs]
+                origin[new, 0] = [index(d[1], -1) for d in got]
+                origin[new, 2] = [d[3] for d in got]
+                origin[new, 3] = [d[4] for d in got]
+                origin[new, 4] = [d[5] for d in got]
             self._origin_from = self._pulled
-        rows = np.column_stack([origin[:, slots].T, used])
-        return point.take(rows, again_of(rows[:, 0], self._slots.len[slots].astype(np.int64), used, nsrc))
+        rows = origin[slots]
+        rows[:, 5] = used
+        return point.take(rows, again_of(rows[:, 0], self._slots.len[slots], used, nsrc))
 
     def in_flight(self) -> List[Tuple[TokenDoc, int]]:
         """The buffered documents and how many tokens of each were delivered, oldest first

@@ -15,8 +15,11 @@ import numpy as np
 
 from ..base import Node
 from ..items import Row, TokenDoc
-from .savepoint import SavePoint, again_of, doc_rows
+from .savepoint import SavePoint
 from .stats import load_stats, new_stats
+
+
+_NO_ROWS = np.zeros((0, 6), np.int64)
 
 
 class FlatPack(Node[Row]):
@@ -117,10 +120,15 @@ class FlatPack(Node[Row]):
         point = self._savepoint
         if not self._moved and point.loaded is not None:
             return point.loaded
-        docs = [] if self._doc is None else [(self._doc, self._off)]
-        rows = doc_rows(docs, point.source_of)
-        lengths = np.asarray([len(d.ids) for d, _ in docs], np.int64)
-        return point.take(rows, again_of(rows[:, 0], lengths, rows[:, 4], point.count()))
+        n = point.count()
+        again = [0] * (2 * n)
+        if self._doc is None:
+            return point.take(_NO_ROWS, again)
+        d, off = self._doc, self._off
+        src = point.source_of(d.source)
+        if src >= 0:
+            again[2 * src], again[2 * src + 1] = len(d.ids) - off, int(off == 0)
+        return point.take(np.array([(src, 1, d.epoch, d.unit, d.pos, off)], np.int64), again)
 
     def in_flight(self) -> List[Tuple[TokenDoc, int]]:
         """The document being cut into rows and how many of its tokens were delivered (for an

@@ -105,12 +105,15 @@ def pack_docs(table: np.ndarray) -> str:
     """Rows of `DOC_FIELDS` as text: sorted (the order carries nothing), each column delta-coded,
     little-endian int64, zlib level 1, base64. Sorted rows of one reader differ by a row or so, so
     a document costs ~1-5 bytes."""
-    table = np.asarray(table, np.int64).reshape(-1, len(DOC_FIELDS))
-    if len(table) > 1:
-        table = table[np.lexsort(table.T[::-1])]
-    cols = np.ascontiguousarray(table.T)
-    cols[:, 1:] -= table.T[:, :-1]
-    return base64.b64encode(zlib.compress(cols.astype("<i8").tobytes(), 1)).decode("ascii")
+    n = len(table)
+    if n == 0:
+        return _EMPTY_TEXT
+    if n > 1:  # by source, epoch, unit, pos
+        table = table[np.lexsort((table[:, 4], table[:, 3], table[:, 2], table[:, 0]))]
+    cols = table.T.astype("<i8")  # (6, n), a copy
+    if n > 1:
+        cols[:, 1:] -= table.T[:, :-1]
+    return base64.b64encode(zlib.compress(cols.tobytes(), 1)).decode("ascii")
 
 
 def unpack_docs(text: str) -> np.ndarray:
@@ -121,6 +124,7 @@ def unpack_docs(text: str) -> np.ndarray:
 
 
 _NO_DOCS = np.zeros((0, len(DOC_FIELDS)), np.int64)
+_EMPTY_TEXT = base64.b64encode(zlib.compress(b"", 1)).decode("ascii")
 
 
 class SavePoint:
@@ -189,48 +193,58 @@ class SavePoint:
     # --- take -----------------------------------------------------------------------------
     def take(self, picked: np.ndarray, again: Sequence[int]) -> Dict[str, Any]:
         """The summary of the save point: ``picked`` the packer's documents in flight, rows of
-        ``(source, epoch, unit, pos, used)``; ``again`` per source ``[tokens, starts]`` flattened."""
+        `DOC_FIELDS` (``picked`` = 1); ``again`` per source ``[tokens, starts]``, flattened."""
         if not self._found:
             self._find()
-        parts = [np.insert(np.asarray(picked, np.int64).reshape(-1, 5), 1, 1, axis=1)]
+        parts = [picked] if len(picked) else []
         sources: Dict[str, List[int]] = {}
         loaded = self.loaded
-        for i, (name, reader, branch) in enumerate(zip(self.names, self.readers, self.branches)):
+        for i, name in enumerate(self.names):
+            reader, branch = self.readers[i], self.branches[i]
             if loaded is not None and branch is not None and branch.untouched_since_restore():
                 # Not pulled since the restore: it stands where the save found it (module docstring).
                 sources[name] = loaded[self.SOURCES][name]
                 rows = self._loaded_rows()
-                parts.append(rows[(rows[:, 0] == i) & (rows[:, 1] == 0)])
+                rows = rows[(rows[:, 0] == i) & (rows[:, 1] == 0)]
+                if len(rows):
+                    parts.append(rows)
                 continue
             state, row = reader.position()
-            entry = [int(state[ShardUnits.EPOCH]), int(state[ShardUnits.INDEX]), int(state[ShardUnits.PREFIX]),
-                     int(row), int(reader.next_epoch()), int(getattr(reader, "skipped", 0))]
+            entry = [state[_EPOCH], state[_INDEX], state[_PREFIX], row, reader.next_epoch(),
+                     getattr(reader, "skipped", 0)]
             if branch is not None:
                 entry += branch_counts(branch)
-                origins = branch.in_flight_origins()
-                if len(origins):
-                    parts.append(np.column_stack([np.full(len(origins), i, np.int64), np.zeros(len(origins), np.int64),
-                                                  origins]))
+                rows = branch.in_flight_origins(i)
+                if len(rows):
+                    parts.append(rows)
             sources[name] = entry
         mix = None
         if self._mix is not None:
             c = self._mix.get_state_counters()
-            mix = [list(c["tokens"]), list(c["documents"]), list(c["passes"]),
-                   [int(bool(x)) for x in c["exhausted"]], list(c["era_base"])]
-        docs = np.concatenate(parts) if len(parts) > 1 else parts[0]
-        return {self.DOCS: pack_docs(docs), self.SOURCES: sources, self.MIX: mix, self.AGAIN: [int(x) for x in again]}
+            mix = [c["tokens"], c["documents"], c["passes"], [int(bool(x)) for x in c["exhausted"]], c["era_base"]]
+        docs = (np.concatenate(parts) if len(parts) > 1 else parts[0]) if parts else _NO_DOCS
+        return {self.DOCS: pack_docs(docs), self.SOURCES: sources, self.MIX: mix, self.AGAIN: list(again)}
+
+
+_EPOCH, _INDEX, _PREFIX = ShardUnits.EPOCH, ShardUnits.INDEX, ShardUnits.PREFIX
 
 
 def again_of(src: np.ndarray, length: np.ndarray, used: np.ndarray, n: int) -> List[int]:
     """Per source ``[tokens, starts]`` (flattened) of buffered documents: tokens still to deliver,
     and those not delivered at all (``used == 0``), which the mixer will count again."""
+    if n == 0:
+        return []
+    if len(src) <= 32:  # a few documents (long ones, or flat's one): Python beats numpy's call overhead
+        out = [0] * (2 * n)
+        for s, ln, u in zip(src.tolist(), length.tolist(), used.tolist()):
+            if s >= 0:
+                out[2 * s] += ln - u
+                out[2 * s + 1] += u == 0
+        return out
     keep = src >= 0
-    src, left, fresh = src[keep], (length - used)[keep], (used == 0)[keep]
-    tokens = np.bincount(src, weights=left, minlength=n)[:n]
-    starts = np.bincount(src, weights=fresh, minlength=n)[:n]
-    return np.column_stack([tokens, starts]).astype(np.int64).ravel().tolist()
-
-
-def doc_rows(docs: Sequence[Tuple[Any, int]], index) -> np.ndarray:
-    """Rows ``(source, epoch, unit, pos, used)`` of ``(document, tokens delivered)`` pairs (flat's one)."""
-    return np.asarray([(index(d.source), d.epoch, d.unit, d.pos, used) for d, used in docs], np.int64).reshape(-1, 5)
+    if not keep.all():
+        src, length, used = src[keep], length[keep], used[keep]
+    out = np.empty((n, 2), np.int64)
+    out[:, 0] = np.bincount(src, weights=length - used, minlength=n)[:n]
+    out[:, 1] = np.bincount(src, weights=used == 0, minlength=n)[:n]
+    return out.ravel().tolist()
