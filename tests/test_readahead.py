@@ -336,19 +336,20 @@ def _load_remote_benchmark():
     return mod
 
 
-def _child_reads(fs, path, want, out):
+def _child_reads(fs, twin, path, want, out):
     try:
         handle = process_fs(fs).open_input_file(path)
         ok = all(handle.read_at(len(want), 0) == want for _ in range(12))
-        out.put((ok, process_fs(fs) is fs))
+        out.put((ok, process_fs(fs) is fs, process_fs(twin) is process_fs(fs)))
     except BaseException as e:  # noqa: BLE001
-        out.put((repr(e), None))
+        out.put((repr(e), None, None))
 
 
 def test_forked_processes_read_s3_through_their_own_connections(s3, creds):
     """Workers forked after the training process read from S3 must not share its pooled connections:
     behind 30 ms of latency, two children reading at once through the parent's client got each other's
-    bytes. `process_fs` gives each process its own copy of the filesystem."""
+    bytes. `process_fs` gives each process its own copy of the filesystem, one for all sources with the
+    same options (a second S3 client waits for the first one's requests in flight)."""
     endpoint, _, _, local_dir, _ = s3
     bench = _load_remote_benchmark()
     host, port = endpoint.split(":")
@@ -357,17 +358,18 @@ def test_forked_processes_read_s3_through_their_own_connections(s3, creds):
     try:
         uri = _uri(s3).replace(endpoint, f"127.0.0.1:{proxy_port}")
         fs, path = pafs.FileSystem.from_uri(uri.replace("*.parquet", "part-000.parquet"))
+        twin, _ = pafs.FileSystem.from_uri(uri.replace("*.parquet", "part-001.parquet"))  # another source, same store
         assert process_fs(fs) is fs  # the process that made it uses it as it is
         want = fs.open_input_file(path).read_at(20000, 0)  # the parent's client now holds a connection
         ctx = multiprocessing.get_context("fork")
         out = ctx.Queue()
-        procs = [ctx.Process(target=_child_reads, args=(fs, path, want, out)) for _ in range(3)]
+        procs = [ctx.Process(target=_child_reads, args=(fs, twin, path, want, out)) for _ in range(3)]
         for p in procs:
             p.start()
         results = [out.get(timeout=60) for _ in procs]
         for p in procs:
             p.join(30)
-        assert results == [(True, False)] * 3, results
+        assert results == [(True, False, True)] * 3, results
         assert pickle.loads(pickle.dumps(fs)).type_name == "s3"
     finally:
         proxy.shutdown()

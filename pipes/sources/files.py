@@ -26,7 +26,10 @@ those sockets, so two workers' requests on one connection read each other's
 responses (seen as "Parquet magic bytes not found" or a thrift error on a good
 file, with 2 workers and 100 ms of latency). A forked process opens files through
 its own copy of the filesystem (`process_fs`: unpickled once per process, the same
-options, new connections).
+options, new connections). Sources on the same store with the same options share one
+copy: pyarrow makes a new S3 client wait until the requests of the process's other
+clients in flight have ended, so a second source's first request waited one round
+trip behind the first source's (measured: 113 ms behind 100 ms of latency).
 """
 
 from __future__ import annotations
@@ -92,12 +95,21 @@ def process_fs(fs: pafs.FileSystem) -> pafs.FileSystem:
     with _PROCESS_FS_LOCK:
         hit = _PROCESS_FS.get(id(fs))
         if hit is None or hit[0] is not fs:
-            try:
-                copy = pickle.loads(pickle.dumps(fs))
-            except Exception:  # a filesystem that does not pickle (a Python handler) is used as it is
-                copy = fs
+            copy = next((c for o, c in _PROCESS_FS.values() if _same(o, fs)), None)
+            if copy is None:
+                try:
+                    copy = pickle.loads(pickle.dumps(fs))
+                except Exception:  # a filesystem that does not pickle (a Python handler) is used as it is
+                    copy = fs
             hit = _PROCESS_FS[id(fs)] = (fs, copy)
         return hit[1]
+
+
+def _same(a: pafs.FileSystem, b: pafs.FileSystem) -> bool:
+    try:
+        return bool(a.equals(b))
+    except Exception:
+        return False
 
 
 @dataclass(frozen=True)
