@@ -304,3 +304,19 @@ def test_an_error_whose_class_cannot_be_pickled_still_reaches_the_loop():
     loader = TokenLoomLoader(LocalErrorFactory(), config={}, num_workers=2)
     msg = _run_to_error(loader, RuntimeError)
     assert "UnpicklableError: lookup failed in worker 0" in msg
+
+
+def test_a_glob_reads_as_in_the_shell(tmp_path):
+    """``data/*.parquet`` is the files in data/, not those of its subdirectories (fnmatch let ``*``
+    cross ``/``: a source and another on data/sub/ read the same files); ``**/`` spans directories."""
+    from tokenloom.pipes.sources.files import resolve_files
+
+    for where in ("", "sub/", "sub/deeper/"):
+        os.makedirs(tmp_path / "data" / where, exist_ok=True)
+        pq.write_table(pa.table({"text": ["a b c"]}), tmp_path / "data" / where / "part-0.parquet")
+    names = lambda spec: [f.name for f in resolve_files(str(tmp_path / spec))]  # noqa: E731
+    assert names("data/*.parquet") == ["part-0.parquet"]
+    assert names("data/*/*.parquet") == ["sub/part-0.parquet"]
+    assert names("data/**/*.parquet") == ["part-0.parquet", "sub/deeper/part-0.parquet", "sub/part-0.parquet"]
+    assert names("data/part-[0-9].parquet") == ["part-0.parquet"]
+    assert names("data") == names("data/**/*.parquet")  # a directory is searched recursively, as before
