@@ -155,19 +155,33 @@ def _engine() -> str:
 
 
 def nanochat_batches(files: List[str], encode, bos: int, threads: int = 4, per_call: int = 128,
-                     buffer_size: int = BUFFER, counter: List[int] = None):
-    """nanochat's BOS-aligned best-fit-crop loader, its algorithm re-implemented (one rank, CPU)."""
+                     buffer_size: int = BUFFER, counter: List[int] = None, position: Dict[str, int] = None,
+                     resume: Dict[str, int] = None):
+    """nanochat's BOS-aligned best-fit-crop loader, its algorithm re-implemented (one rank, CPU).
+
+    Its state, as nanochat yields it: ``position`` (a dict, updated in place) holds {pq_idx, rg_idx, epoch}
+    of the row group the last refill read. ``resume`` (such a dict) starts where nanochat's resume
+    starts: at the row group after it, with an empty buffer (its resume is approximate by design)."""
     import pyarrow.parquet as pq
     import torch
 
     def documents():
+        epoch = resume["epoch"] if resume else 1
+        skip = (resume["pq_idx"], resume["rg_idx"]) if resume else None
         while True:  # endless, epochs in turn
-            for path in files:
+            for f, path in enumerate(files):
+                if skip and f < skip[0]:
+                    continue
                 pf = pq.ParquetFile(path)
-                for g in range(pf.num_row_groups):
+                start = skip[1] + 1 if skip and f == skip[0] else 0
+                skip = None
+                for g in range(start, pf.num_row_groups):
                     texts = pf.read_row_group(g).column("text").to_pylist()
                     for i in range(0, len(texts), per_call):
+                        if position is not None:
+                            position.update(pq_idx=f, rg_idx=g, epoch=epoch)
                         yield texts[i:i + per_call]
+            epoch += 1
 
     source = documents()
     width = SEQ_LEN + 1
