@@ -197,7 +197,7 @@ class ShardUnits(Node[WorkSlice]):
         self.epochs, self.first_epoch, self.shuffle = epochs, first_epoch, shuffle
         # A saved plan drops the prefix slices no restore can need again: prefix[0] is slice
         # number prefix_offset, and PREFIX counts from the plan's first slice.
-        self.prefix = [WorkSlice(*s) for s in prefix]
+        self.prefix = [s if type(s) is WorkSlice else WorkSlice(*s) for s in prefix]
         self.prefix_offset = int(prefix_offset)
         self._end = self.prefix_offset + len(self.prefix)
         self.start_epoch = first_epoch if resume_epoch is None else int(resume_epoch)

@@ -33,7 +33,7 @@ import multiprocessing
 import pickle
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
@@ -574,7 +574,10 @@ class TokenLoomLoader(StatefulDataLoader):
         if not callable(getattr(factory, "source_names", None)):
             raise ValueError(f"{type(factory).__name__} graphs cannot change topology on resume (elastic resume is "
                              "for pretrain and sft); resume with the world size and num_workers the states were saved with")
-        decoded = [decode_state(s) for s in states]
+        pairs = [_decode(s) for s in states]
+        decoded = [d for d, _ in pairs]
+        # The digests each state's check computed, for the new history's id (a nested state: computed here).
+        digests = {id(d): digest if digest is not None else _digest(d[self.META], d[self.LOADER]) for d, digest in pairs}
         metas = [d[self.META] for d in decoded]
         for meta in metas:
             self._check_meta(meta, allow_weight_change, topology=False)
@@ -616,7 +619,7 @@ class TokenLoomLoader(StatefulDataLoader):
             own = next(d for d in decoded if int(d[self.META][self.CONFIG]["rank"]) == rank)
             return self.load_state_dict(own, allow_weight_change=allow_weight_change)
         self._generation += 1
-        self._lineage = lineage_of(*[_digest(d[self.META], d[self.LOADER])
+        self._lineage = lineage_of(*[digests[id(d)]
                                      for d in sorted(decoded, key=lambda d: int(d[self.META][self.CONFIG]["rank"]))],
                                    world, self.num_workers, self.config.get("weights"))
         workers = max(self.num_workers, 1)
@@ -702,8 +705,13 @@ def encode_state(state: Mapping[str, Any], rank: int) -> Dict[str, str]:
 def decode_state(state: Any) -> Dict[str, Any]:
     """The nested state (``{"tokenloom": ..., "loader": ...}``) from what ``state_dict()``
     returned, checking its digest; a nested state passes through unchanged."""
+    return _decode(state)[0]
+
+
+def _decode(state: Any) -> Tuple[Dict[str, Any], Optional[str]]:
+    """`decode_state` and the digest it checked (None for a nested state, which has none)."""
     if isinstance(state, Mapping) and TokenLoomLoader.META in state and TokenLoomLoader.LOADER in state:
-        return dict(state)
+        return dict(state), None
     entries = {k: v for k, v in state.items() if str(k).startswith(KEY_PREFIX)} if isinstance(state, Mapping) else {}
     if len(entries) != 1 or len(state) != 1:
         what = f"keys {sorted(state)}" if isinstance(state, Mapping) else f"a {type(state).__name__}"
@@ -725,7 +733,7 @@ def decode_state(state: Any) -> Dict[str, Any]:
     if isinstance(config, Mapping) and "rank" in config and key != f"{KEY_PREFIX}{config['rank']}":
         raise ValueError(f"loader state {key!r} holds the state of rank {config['rank']}; it was stored under "
                          "another rank's key")
-    return {TokenLoomLoader.META: meta, TokenLoomLoader.LOADER: inner}
+    return {TokenLoomLoader.META: meta, TokenLoomLoader.LOADER: inner}, body[DIGEST]
 
 
 #: The settings an elastic resume may change.

@@ -299,13 +299,16 @@ def plan_shards(old: List[OldShard], names: Sequence[str], *, new_shards: range,
         if last_epoch is not None:
             top = min(top, last_epoch)
         low = min(reading + pend[:, 2].tolist())
-        unread = [o.unread(name, top) for o in old] if low <= top else []
+        by_epoch: Dict[int, List[WorkSlice]] = {}  # the old shards' unread rows, in their order, per epoch
+        for o in old if low <= top else ():
+            for s in o.unread(name, top):
+                by_epoch.setdefault(s.epoch, []).append(s)
         per_shard: Dict[int, List[WorkSlice]] = {g: [] for g in new_shards}
         turn = 0
         for epoch in range(low, top + 1) if low <= top else ():
             now = pend[pend[:, 2] == epoch]
             now = now[np.lexsort((now[:, 4], now[:, 3]))]  # by (unit, pos): a reader loads each unit once
-            rows = [s for slices in unread for s in slices if s.epoch == epoch]
+            rows = by_epoch.get(epoch, [])
             starts = np.zeros(len(rows) + 1, np.int64)
             np.cumsum([s.hi - s.lo for s in rows], out=starts[1:])
             total = int(starts[-1])
@@ -400,14 +403,16 @@ def apply_carry(root: Any, carry: Mapping[str, Any]) -> None:
 def pack_slices(slices: Sequence[WorkSlice]) -> str:
     """Slices as base64 of zlib'd little-endian int64 (epoch, unit, lo, hi, used) rows: a
     document in flight costs ~8 bytes of state instead of ~25 as JSON lists."""
-    table = np.asarray([tuple(s) for s in slices], dtype="<i8").reshape(-1, len(WorkSlice._fields))
+    fields = len(WorkSlice._fields)
+    table = np.array(list(zip(*slices)), dtype="<i8").T if slices else np.zeros((0, fields), "<i8")
+    table = np.ascontiguousarray(table.reshape(-1, fields))
     return base64.b64encode(zlib.compress(table.tobytes(), 6)).decode("ascii")
 
 
 def unpack_slices(text: str) -> List[WorkSlice]:
     raw = zlib.decompress(base64.b64decode(text.encode("ascii"), validate=True))
     table = np.frombuffer(raw, dtype="<i8").reshape(-1, len(WorkSlice._fields))
-    return [WorkSlice(*row) for row in table.tolist()]
+    return list(map(WorkSlice._make, table.tolist()))
 
 
 def prefix_of(plan: Optional[Mapping[str, Any]], source: str) -> Dict[str, Any]:

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import base64
 import zlib
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 import numpy as np
 
