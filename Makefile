@@ -9,7 +9,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test fuzz bench clean
+.PHONY: demo test fuzz bench peers clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,5 +30,27 @@ MINUTES ?= 30
 fuzz: $(STAMP)
 	$(BIN)/python -m tests.oracle_fuzz $(if $(N),--n $(N) --start $(or $(START),10000),--minutes $(MINUTES))
 
+# tokenloom beside the loaders users pick instead (benchmarks/peers.py), in a venv of its own so that
+# the peers' dependencies never reach .venv or CI. The peers are installed with torch pinned to the
+# version already there, so none of them can replace it (the install fails instead). LitData and Mosaic
+# Streaming pull torchvision, whose PyPI wheels are CUDA builds that cannot load beside a CPU torch: where
+# it does not import it is removed (peers.py stands in for the two names Mosaic's image datasets import).
+# torchtitan goes in without its dependencies (it pins an older datasets), with the one its loss module
+# imports (spmd_types). QUICK=1: one short round.
+PEERS_VENV := .venv-peers
+PEERS_BIN := $(PEERS_VENV)/bin
+PEERS_STAMP := $(PEERS_VENV)/.installed
+
+$(PEERS_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(PEERS_VENV)
+	$(PEERS_BIN)/python -m pip install -q $(TORCH)
+	$(PEERS_BIN)/python -m pip install -q -e ".[peers]" "torch==$$($(PEERS_BIN)/python -c 'from importlib.metadata import version; print(version("torch"))')"
+	$(PEERS_BIN)/python -c "import torchvision" 2>/dev/null || $(PEERS_BIN)/python -m pip uninstall -q -y torchvision
+	$(PEERS_BIN)/python -m pip install -q --no-deps "torchtitan==0.3.0" "spmd_types==0.2.3"
+	touch $(PEERS_STAMP)
+
+peers: $(PEERS_STAMP)
+	$(PEERS_BIN)/python benchmarks/peers.py $(if $(QUICK),--quick)
+
 clean:
-	rm -rf $(VENV) out .pytest_cache
+	rm -rf $(VENV) $(PEERS_VENV) out .pytest_cache
