@@ -32,8 +32,10 @@ live, except for the sources whose branch has not read since the restore (they s
 restore put them, which the loaded summary describes: a branch only moves when pulled from).
 
 Cost (benchmarks/RESULTS.md, ``elastic``): one Python step per document pulled since the
-previous state (its origin into a per-slot table), a few numpy calls over the buffer, one per
-tokenizer batch, and the zlib call: measured per ``get_state`` in the elastic benchmark section.
+previous state (its origin into a per-slot table), a few numpy calls over the buffer, one pass
+per tokenizer batch, and the zlib call: ~0.1 ms a step at the default best-fit buffer (a worker's
+``state_dict()`` 34 -> 159 us), ~0.3 ms with 1,000 documents in flight (crop, 117 -> 427 us),
+~1% of a worker's batch at T=2048; ~0.35 KB of state per worker (0.8 KB with 1,000 documents).
 """
 
 from __future__ import annotations
