@@ -16,7 +16,8 @@ import multiprocessing
 import os
 import pickle
 import re
-import threading
+import subprocess
+import sys
 import time
 from itertools import islice
 
@@ -285,6 +286,39 @@ def test_reads_outside_the_fetched_ranges_fall_back_to_the_file(local, monkeypat
     reader = _reader(units, 1 << 20)
     assert _docs(reader) == want
     assert reader.readahead_stats()["misses"] > 0
+
+
+def test_decoding_stays_on_the_reading_thread(local, monkeypatch):
+    """Row groups fetched ahead are decoded from Python-owned bytes; pyarrow's own threads must not free
+    them (that needs the GIL, and aborted the process when it happened while the interpreter exited)."""
+    _, units = local
+    calls = []
+    real = pq.ParquetFile.read_row_group
+
+    def spy(self, *args, **kwargs):
+        calls.append(kwargs.get("use_threads"))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(pq.ParquetFile, "read_row_group", spy)
+    reader = _reader(units, 1 << 20, epochs=1)
+    _docs(reader)
+    assert calls and set(calls) == {False}
+
+
+def test_process_reading_ahead_in_its_training_loop_exits_cleanly(local):
+    glob, _ = local
+    code = ("import itertools, sys\n"
+            "from tokenloom.pipes import ReadParquet, ShardUnits, list_parquet_units, resolve_files\n"
+            f"units = list_parquet_units(resolve_files({glob!r}), 'text')\n"
+            "for stop in (None, 5):\n"
+            "    r = ReadParquet(ShardUnits(units.rows, shard=0, num_shards=1, seed=1, epochs=1), units, readahead=1 << 20)\n"
+            "    r.reset(None)\n"
+            "    print(sum(1 for _ in itertools.islice(r, stop)))\n")
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(3)]
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0 and out.split() == ["1200", "5"], (p.returncode, out, err[-2000:])
 
 
 def test_settings(monkeypatch):

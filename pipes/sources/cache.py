@@ -149,7 +149,7 @@ class ReadCached(CursorReader, SkipCount, Node[Doc]):
         if self._ahead is None:
             budget = budget_for([self.cache.fs]) if hasattr(self._cursor.parent, "ahead") else 0
             self._ahead = RowGroupReadAhead(self._handle, self._upcoming, budget=budget, columns=None,
-                                            checksums=False, use_threads=False, name=self.source) if budget else False
+                                            checksums=False, name=self.source) if budget else False
         return self._ahead or None
 
     def _upcoming(self) -> Iterator[Optional[Tuple[int, int]]]:

@@ -4,9 +4,11 @@ A reader reads one row group per work unit, and the sharder's plan says which un
 come next (`ShardUnits.ahead`). Read synchronously, every unit costs the worker a
 request's latency and transfer on the critical path, between two stretches of
 tokenizing. With read-ahead, a few daemon threads per loader worker fetch the byte
-ranges of the next units' column chunks (the ranges come from the file's footer,
-fetched once per file and worker, with the file's handle) while the worker tokenizes,
-and the reader decodes the row group from those bytes when it reaches it.
+ranges of the next units' column chunks while the worker tokenizes, and the reader
+decodes the row group from those bytes when it reaches it. The ranges come from the
+file's footer: the bytes listing read (parquet.py ships a remote source's footers to
+the workers), else read once per file and worker; a file is opened (pyarrow's size
+lookup, one request) once per worker.
 
 - **Order and state do not change.** The reader asks for the same row groups in the
   same order and decodes them with pyarrow from the same bytes; read-ahead only
@@ -45,6 +47,7 @@ each request after the latency and paces each connection): see RESULTS.md, ``rem
 
 from __future__ import annotations
 
+import atexit
 import bisect
 import logging
 import os
@@ -55,7 +58,7 @@ import time
 import weakref
 from collections import OrderedDict, deque
 from concurrent.futures import Future
-from typing import Any, Callable, Deque, Dict, Hashable, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Deque, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -70,9 +73,9 @@ MODES = {"": "auto", "auto": "auto", "1": "auto", "on": "auto", "true": "auto", 
 #: Bytes one reader may hold fetched ahead (or in flight), by default.
 DEFAULT_BYTES = 64 << 20
 #: Units one reader fetches ahead at most.
-DEPTH = 8
+DEPTH = 16
 #: Fetch threads per process, shared by its readers.
-THREADS = 8
+THREADS = 16
 #: A range longer than this is fetched as several range reads at once.
 PART_BYTES = 8 << 20
 #: Column chunks closer than this are fetched as one range (pyarrow's own hole size for S3).
@@ -129,7 +132,7 @@ class _Pool:
 
     def __init__(self, threads: int):
         self.pid = os.getpid()
-        self.queue: "queue.SimpleQueue[Callable[[], None]]" = queue.SimpleQueue()
+        self.queue: "queue.SimpleQueue[Optional[Callable[[], None]]]" = queue.SimpleQueue()
         self.threads = [threading.Thread(target=self._run, name=f"tokenloom-readahead-{i}", daemon=True)
                         for i in range(threads)]
         for t in self.threads:
@@ -138,6 +141,8 @@ class _Pool:
     def _run(self) -> None:
         while True:
             task = self.queue.get()
+            if task is None:  # the interpreter is exiting (_shutdown)
+                return
             try:
                 task()
             except BaseException:  # tasks keep their own errors; this is a bug, never a reason to stop
@@ -159,6 +164,25 @@ def _pool() -> _Pool:
         if _POOL is None or _POOL.pid != os.getpid():
             _POOL = _Pool(THREADS)
         return _POOL
+
+
+def _shutdown() -> None:
+    """At exit, let this process's fetch threads end before the interpreter does: a daemon thread
+    still inside pyarrow while the interpreter finalizes aborts the process ("terminate called
+    without an active exception", 1 exit in ~12 of a reader in the training process)."""
+    global _POOL
+    with _POOL_LOCK:
+        pool, _POOL = _POOL, None
+    if pool is None or pool.pid != os.getpid():
+        return
+    for _ in pool.threads:
+        pool.queue.put(None)
+    deadline = time.monotonic() + 5  # a fetch hung on the network is left behind after that
+    for t in pool.threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+
+
+atexit.register(_shutdown)
 
 
 def _after_fork() -> None:
@@ -322,18 +346,18 @@ class RowGroupReadAhead:
     ``opener(file)`` opens file ``file`` (checking it is the listed one); ``upcoming()`` gives the
     keys ``(file, row group)`` the reader will ask `read` for, in order, from its current position
     (``None`` for a unit read some other way). ``columns`` are the top-level columns decoded (None:
-    all); ``checksums`` and ``use_threads`` are passed to pyarrow as the synchronous reader does.
+    all); ``checksums`` is passed to pyarrow as the synchronous reader does.
     ``footers[file]``, when given, is the file's footer as listing read it (not read again here).
     """
 
     def __init__(self, opener: Callable[[int], Any], upcoming: Callable[[], Iterable[Optional[Key]]], *,
-                 budget: int, columns: Optional[Sequence[str]], checksums: bool = True, use_threads: bool = True,
+                 budget: int, columns: Optional[Sequence[str]], checksums: bool = True,
                  depth: int = DEPTH, name: str = "", footers: Optional[Sequence[bytes]] = None):
         if budget <= 0:
             raise ValueError(f"{budget=} must be > 0 (0 is no read-ahead: read synchronously)")
         self.opener, self.upcoming, self.budget = opener, upcoming, int(budget)
         self.columns = None if columns is None else list(columns)
-        self.checksums, self.use_threads, self.depth, self.name = checksums, use_threads, int(depth), name
+        self.checksums, self.depth, self.name = checksums, int(depth), name
         self.footers = footers
         self.max_files = max(OPEN_FILES, 2 * self.depth)
         self._lock = threading.Lock()
@@ -541,6 +565,10 @@ class RowGroupReadAhead:
     def _decode(self, handle: Any, meta: Any, size: int, row_group: int, chunks: List[Tuple[int, Any]]) -> pa.Table:
         src = RangeFile(handle, size, chunks)
         pf = pq.ParquetFile(src, metadata=meta, page_checksum_verification=self.checksums)
-        table = pf.read_row_group(row_group, columns=self.columns, use_threads=self.use_threads)
+        # use_threads=False: pyarrow wraps what a Python file returns in buffers that need the GIL to be freed;
+        # freed on one of pyarrow's own threads while the interpreter exits, they abort the process ("terminate
+        # called without an active exception", ~1 exit in 30 of a process reading in its training loop). One
+        # column decodes the same on the calling thread.
+        table = pf.read_row_group(row_group, columns=self.columns, use_threads=False)
         self.counts["misses"] += src.misses
         return table
