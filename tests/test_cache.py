@@ -305,12 +305,13 @@ def test_build_killed_mid_way_resumes_and_every_unit_is_whole(tmp_path, tok_path
     deadline = time.time() + 120
     try:
         while time.time() < deadline and proc.poll() is None:
-            parts = [p for p in os.listdir(folder) if p.startswith("manifest-")] if os.path.isdir(folder) else []
+            parts = [p for p in os.listdir(folder) if p.startswith("manifest-") and p.endswith(".json")] \
+                if os.path.isdir(folder) else []  # not a part being written (".json.tmp-..."), renamed any moment
             tokens = os.path.join(folder, TOKENS_DIR)
             tmp_files = [f for f in os.listdir(tokens) if ".tmp-" in f] if os.path.isdir(tokens) else []
             try:
                 listed = len(json.load(open(os.path.join(folder, parts[0])))["files"]) if parts else 0
-            except ValueError:
+            except (ValueError, FileNotFoundError):  # replaced between the listing and the open
                 listed = 0
             if listed >= 2 and tmp_files:
                 break
