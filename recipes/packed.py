@@ -496,8 +496,8 @@ def packed_loader(
                                 end_label=end_label)
     loader_kwargs = dict(loader_kwargs)
     ring = None
-    if num_workers > 0 and uses_fork(loader_kwargs.get("multiprocessing_context")):
-        encoder.prepare()  # built once here, shared by the forked workers (copy on write)
+    if num_workers > 0 and cache is None and uses_fork(loader_kwargs.get("multiprocessing_context")):
+        encoder.prepare()  # built once here, shared by the forked workers (copy on write); a token cache needs none
     if num_workers > 0:
         loader_kwargs.setdefault("prefetch_factor", default_prefetch_factor(batch_size, seq_len))
         ring = ring_bytes(batch_size, seq_len, loader_kwargs["prefetch_factor"] or 2)
