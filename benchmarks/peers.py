@@ -33,7 +33,8 @@ is shared and drifts, so every ratio is taken within a round against tokenloom's
 median over rounds reported):
 
 - tokens/s: the rows' tokens that are not padding, per second, over ``--batches`` batches after the
-  first;
+  first (5x as many for the pre-tokenized); and the CPU seconds per million of those tokens, of the
+  training process and all its loader processes (the shared machine's load moves tokens/s more);
 - first batch: build + ``iter`` + ``next`` (the library imported first, not timed);
 - waste: padding (row slots that hold no token, counted in the batches: tokenloom's ``segment_ids == 0``
   and an empty label slot, Grain's ``segment_ids == 0``; nanochat, LitData, Mosaic and torchtitan's rows
@@ -202,6 +203,31 @@ def _copy(batch):
     if isinstance(batch, (tuple, list)):
         return type(batch)(_copy(x) for x in batch)
     return batch.clone() if isinstance(batch, torch.Tensor) else batch.copy() if hasattr(batch, "copy") else batch
+
+
+def _tree_cpu() -> float:
+    """CPU seconds (user + system) of this process, its live descendants (/proc) and its reaped children:
+    the loader's whole work, whichever processes and threads it runs in. On a shared machine tokens/s
+    depends on the share of the cores a run wins; CPU per token much less."""
+    import resource
+
+    tick, parent, cpu = os.sysconf("SC_CLK_TCK"), {}, {}
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            parent[int(pid)], cpu[int(pid)] = int(fields[1]), (int(fields[11]) + int(fields[12])) / tick
+    mine, grew = {os.getpid()}, True
+    while grew:
+        more = {p for p, pp in parent.items() if pp in mine} - mine
+        grew, mine = bool(more), mine | more
+    reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    return (me.ru_utime + me.ru_stime + reaped.ru_utime + reaped.ru_stime
+            + sum(cpu[p] for p in mine if p != os.getpid()))
 
 
 def _endless(loader) -> Iterator:
@@ -686,14 +712,15 @@ def task_run(name: str, corpus: Dict[str, Any], batches: int) -> Dict[str, Any]:
     first = next(it)
     first_s = time.perf_counter() - t0
     ld.count(first)
-    real, t1 = 0, time.perf_counter()
+    real, cpu0, t1 = 0, _tree_cpu(), time.perf_counter()
     for _ in range(batches):
         real += ld.count(next(it))
     seconds = time.perf_counter() - t1
+    cpu = _tree_cpu() - cpu0
     ld.finish()
     c = ld.counts
     return {"first_batch_s": first_s, "import_s": imported, "seconds": seconds, "tokens": real,
-            "tokens_per_s": real / seconds, "engine": ld.engine, "batches_seen": c.batches, "slots": c.slots,
+            "tokens_per_s": real / seconds, "cpu_s_per_m_tokens": cpu / (real / 1e6), "engine": ld.engine, "batches_seen": c.batches, "slots": c.slots,
             "padding": c.padding, "cropped": c.cropped, "waste": c.waste(), **ld.facts()}
 
 
@@ -787,6 +814,7 @@ def summarize(names: List[str], rounds: List[Dict[str, Any]], resume: Dict[str, 
             "vs_reference": med(ratios), "vs_reference_range": [min(ratios), max(ratios)],
             "vs_tokenloom": med(vs_default),
             "tokens_per_s": med(x["tokens_per_s"] for x in runs),
+            "cpu_s_per_m_tokens": med(x["cpu_s_per_m_tokens"] for x in runs),
             "first_batch_s": med(x["first_batch_s"] for x in runs),
             "first_batch_range": [min(x["first_batch_s"] for x in runs), max(x["first_batch_s"] for x in runs)],
             "waste": med(x["waste"] for x in runs), "padding_share": med(x["padding"] / x["slots"] for x in runs),
@@ -814,15 +842,18 @@ def markdown(res: Dict[str, Any], command: str) -> str:
         f"`benchmarks/peers.png`); {m['cpus']} CPUs, CPython {m['python']}, load average {m['load_start']} at start, "
         f"{m['load_end']} at end (shared with other jobs). {st['rounds']} interleaved rounds, each loader in a fresh "
         "interpreter; ratios are taken within a round against the group's tokenloom run (on the fly: `pretrain` at "
-        "its defaults; pre-tokenized: `pretrain` on its token cache), then the median (and range) over rounds.", "",
+        "its defaults; pre-tokenized: `pretrain` on its token cache), then the median (and range) over rounds. "
+        "tokenloom's own default run went " + ", ".join(f"{got['tokenloom']['tokens_per_s'] / 1e6:.1f}"
+                                                         for got in res["rounds"]) +
+        " M tokens/s in the rounds: the machine's share for each run moves more than the ratios.", "",
         f"Corpus: {corpus}. Tokenizer: `held_out.py`'s byte-level BPE with cl100k's split regex and 100,000 ids "
         f"(a tokenizer.json; tiktoken and `tokenizers` give the same ids). T={st['T']}, B={st['B']}: rows of "
         f"{st['T'] + 1} tokens, each document begins with the BOS id; {st['workers']} loader workers where the loader "
         f"has workers. Peers: " + ", ".join(f"{k} {v}" for k, v in res["versions"].items() if v) + ".", "",
-        "| loader | engine | tokens/s vs the group's tokenloom (range) | M tokens/s | first batch s | wasted | exact resume "
-        "| state bytes |", "|---|---|---|---|---|---|---|---|"]
+        "| loader | engine | tokens/s vs the group's tokenloom (range) | M tokens/s | CPU s per M tokens | first batch s "
+        "| wasted | exact resume | state bytes |", "|---|---|---|---|---|---|---|---|---|"]
     for group, title in (("fly", "tokenized on the fly"), ("pre", "pre-tokenized (build: once, timed, fresh interpreter)")):
-        lines.append(f"| *{title}* | | | | | | | |")
+        lines.append(f"| *{title}* | | | | | | | | |")
         for n, v in s.items():
             if v["group"] != group:
                 continue
@@ -837,14 +868,17 @@ def markdown(res: Dict[str, Any], command: str) -> str:
             if n == "nanochat":
                 resume = "no (approximate by design: the next row group, buffer dropped)"
             lines.append(f"| {label} | {v['engine']} | {v['vs_reference']:.2f} ({lo:.2f}-{hi:.2f}) | "
-                         f"{v['tokens_per_s'] / 1e6:.2f} | {v['first_batch_s']:.2f} | {waste} | {resume} | "
+                         f"{v['tokens_per_s'] / 1e6:.2f} | {v['cpu_s_per_m_tokens']:.2f} | {v['first_batch_s']:.2f} | {waste} | {resume} | "
                          f"{v['state_bytes']:,} |")
     lines += [
         "", "*tokens/s*: row slots holding a token (not padding) per second over "
         f"{st['batches']:,} batches after the first ({st['batches'] * PRE_WINDOW:,} for the pre-tokenized, whose "
         "windows cross epoch ends; those count). *first batch*: build + `iter` + "
         "`next` in a fresh interpreter, the library already imported (tokenloom's tokenizer cache warm, as on any "
-        "run after the first on a machine). "
+        "run after the first on a machine). *CPU s per M tokens*: CPU seconds of the loader's processes and threads "
+        "(the training process, its live descendants from /proc, its reaped children) over the same window, per "
+        "million tokens delivered: on a shared machine tokens/s follows the share of the cores a run wins, "
+        "CPU per token much less. "
         "*wasted*: padding plus cropped tokens over all batches seen, as a share of row slots plus cropped tokens, "
         "counted in the batches (padding: tokenloom's `segment_ids == 0` plus an empty label slot, Grain's "
         "`segment_ids == 0`; cropped: nanochat's tokens tokenized minus delivered minus still buffered, Grain's "
@@ -866,8 +900,9 @@ def markdown(res: Dict[str, Any], command: str) -> str:
         "are finally picked; the waste column counts only what was cropped. *Shuffling*: tokenloom shuffles "
         "units and rows per epoch, LitData and Mosaic shuffle pre-built blocks, Grain shuffles files, nanochat "
         "and torchtitan read in file order. *Where the work runs*: nanochat tokenizes in the training process "
-        "(4 tiktoken threads), the others in 2 worker processes; the pre-tokenized loaders paid their "
-        "tokenizing in the build. *Resume*: Grain and LitData restore a position and replay; torchtitan saves "
+        "(4 tiktoken threads), the others in 2 worker processes (one busy thread each); on a busy machine each "
+        "run's tokens/s follows the share of the 2 cores it wins from the other jobs, which varies from run to "
+        "run, so compare CPU per token as well. The pre-tokenized loaders paid their tokenizing in the build. *Resume*: Grain and LitData restore a position and replay; torchtitan saves "
         "its token buffers; Mosaic resumes at a sample count; nanochat's state is a row-group position.", "",
         "![peers](peers.png)"]
     return "\n".join(lines)
@@ -889,9 +924,10 @@ def plot(res: Dict[str, Any], path: str) -> None:
     for i, n in enumerate(names):
         ax1.text(s[n]["tokens_per_s"] / 1e6, i, f" {s[n]['vs_reference']:.2f}x", va="center", fontsize=8)
     ax1.set_xscale("log")
-    ax1.set_xlabel("M tokens/s into rows, log scale (median of rounds; label: vs the group's tokenloom)")
+    ax1.set_xlabel("M tokens/s, log scale (label: vs the group's tokenloom)")
     ax2.barh(labels, [s[n]["first_batch_s"] for n in names], color=colors)
     ax2.set_xlabel("first batch, s (build + iter + next)")
+    ax2.set_title("medians of rounds", fontsize=9)
     fig.suptitle("man pages, 100k BPE, T=2048 B=8, 2 cores: tokenloom (green) and the peers")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
