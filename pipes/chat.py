@@ -36,7 +36,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from .base import Node
-from .items import Doc, TokenDoc
+from .items import Doc, TokenDoc, origin_rows
 from .chat_template import ChatError, JinjaTemplate, encode_markup
 from .tokenizer import Encoder, _chat_template_text, _load_directory, _token_text  # a directory's reading rules
 
@@ -334,14 +334,7 @@ class RenderChat(Node[TokenDoc]):
         (`in_flight` without reading; ``source``: the caller's index of this branch's source), for a
         packer's save point (pack/savepoint.py). One Python pass per batch, kept for its later calls."""
         if self._origins_of is not self._out:
-            n = len(self._out)
-            rows = np.empty((n, 6), np.int64)
-            rows[:, 0], rows[:, 1] = source, 0
-            if n:
-                out = self._out
-                rows[:, 2], rows[:, 3] = [d[3] for d in out], [d[4] for d in out]
-                rows[:, 4], rows[:, 5] = [d[5] for d in out], [d[6] for d in out]
-            self._origins, self._origins_of = rows, self._out
+            self._origins, self._origins_of = origin_rows(self._out, source), self._out
         return self._origins[self._emitted:]
 
     def untouched_since_restore(self) -> bool:

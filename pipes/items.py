@@ -6,7 +6,7 @@ and tokens are numpy arrays, never lists of Python ints.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Optional
+from typing import Any, NamedTuple, Optional, Sequence
 
 import numpy as np
 
@@ -41,6 +41,17 @@ class TokenDoc(NamedTuple):
 
     def origin(self) -> tuple:
         return (self.source, self.epoch, self.unit, self.pos)
+
+
+def origin_rows(docs: Sequence[TokenDoc], source: int) -> np.ndarray:
+    """Where ``docs`` come from, as rows ``(source, 0, epoch, unit, pos, used)`` (int64; ``source``:
+    the caller's index of their source), the form a packer's save point keeps (pack/savepoint.py)."""
+    rows = np.empty((len(docs), 6), np.int64)
+    rows[:, 0], rows[:, 1] = source, 0
+    if docs:
+        rows[:, 2], rows[:, 3] = [d.epoch for d in docs], [d.unit for d in docs]
+        rows[:, 4], rows[:, 5] = [d.pos for d in docs], [d.used for d in docs]
+    return rows
 
 
 class Row(NamedTuple):
