@@ -40,26 +40,6 @@ BUFFERS = (1000, 4000)
 FACTORS = (1, 4, 16)
 
 
-def man_page_lengths(tokenizer: str) -> np.ndarray:
-    """Token counts (+ BOS) of every English man page here with ``tokenizer`` (packing.py's stand-in where
-    there are none)."""
-    import glob
-    import gzip
-
-    from tokenloom.pipes import load_encoder
-
-    texts = []
-    for path in sorted(glob.glob("/usr/share/man/man*/*.gz")):
-        try:
-            texts.append(gzip.open(path).read().decode("utf-8"))
-        except (OSError, UnicodeDecodeError):
-            continue
-    if len(texts) < 1000:
-        return man_lengths()
-    enc = load_encoder(tokenizer)
-    return np.asarray([len(ids) + 1 for ids in enc.encode_batch(texts)], np.int64)
-
-
 def tokenize_rate(tokenizer: str, n_docs: int = 400) -> float:
     """Tokens per second of the shipped tokenizer on man pages (or synthetic text), one process."""
     import glob
@@ -115,7 +95,7 @@ def main() -> None:
 
         from tokenloom.sample_data import default_tokenizer_path
         args.tokenizer = tokenizer_path() if os.path.exists(tokenizer_path()) else default_tokenizer_path()
-    lengths = man_page_lengths(args.tokenizer)
+    lengths = man_lengths(args.tokenizer)
     docs = stream(lengths, 20_000 if args.quick else 60_000)
     doc_lens = np.array([len(d.ids) for d in docs])
     rate = tokenize_rate(args.tokenizer, 100 if args.quick else 400)

@@ -60,8 +60,8 @@ T = 2048
 C = T + 1
 
 
-def _lengths(texts) -> np.ndarray:
-    enc = load_encoder(default_tokenizer_path())
+def _lengths(texts, tokenizer=None) -> np.ndarray:
+    enc = load_encoder(tokenizer or default_tokenizer_path())
     return np.asarray([len(ids) + 1 for ids in enc.encode_batch(texts)], np.int64)  # + BOS
 
 
@@ -94,9 +94,10 @@ def markdown_texts(limit: int) -> list:
     return texts
 
 
-def man_lengths() -> np.ndarray:
-    """Every English man page on this machine (troff source, gzip), tokenized; a seeded log-normal
-    stand-in (median 1,438 tokens, sigma 0.9, as measured on a Debian image) where there are none."""
+def man_lengths(tokenizer=None) -> np.ndarray:
+    """Every English man page on this machine (troff source, gzip), tokenized (with ``tokenizer``,
+    default the shipped one); a seeded log-normal stand-in (median 1,438 tokens, sigma 0.9, as
+    measured on a Debian image) where there are none."""
     import glob
     import gzip
 
@@ -107,7 +108,7 @@ def man_lengths() -> np.ndarray:
         except (OSError, UnicodeDecodeError):
             continue
     if len(texts) >= 1000:
-        return _lengths(texts)
+        return _lengths(texts, tokenizer)
     print("no man pages here: using a log-normal stand-in", file=sys.stderr)
     return np.maximum(np.random.default_rng(0).lognormal(np.log(1438), 0.9, 20_000).astype(np.int64), 2)
 
