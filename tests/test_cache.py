@@ -34,7 +34,7 @@ from tokenloom.pipes.loader import decode_state
 from tokenloom.pipes.pack.savepoint import SOURCE_FIELDS, SavePoint
 from tokenloom.pipes.sources.cache import build_cache
 from tokenloom.pipes.sources.cache_format import (TOKENS_DIR, WRITER_OPTIONS, UnitTexts, dtype_for, file_units,
-                                                  ids_array, read_ids)
+                                                  ids_array, read_chars, read_ids)
 from tokenloom.pipes.sources.readers import plan_source
 from tokenloom.recipes import pretrain
 from tokenloom.sample_data import train_tokenizer
@@ -239,6 +239,35 @@ def test_ids_column_round_trips_through_parquet(tmp_path_factory, dtype, data):
         got = [None if got_valid is not None and not got_valid[i] else
                got_values[got_offsets[i]:got_offsets[i + 1]].tolist() for i in range(len(want))]
         assert got == want and len(got_offsets) == len(want) + 1
+    chars = pq.read_table(path).column("chars")
+    for col, want_chars in ((chars, lengths), (chars.slice(lo), lengths[lo:])):
+        assert read_chars(col).tolist() == want_chars
+
+
+READS_ALONE = r'''
+import json, sys
+import pyarrow.parquet as pq
+from tokenloom.pipes.sources.cache_format import read_chars, read_ids
+from tokenloom.recipes import pretrain
+sources, tok, cache, nulls = json.loads(sys.argv[1])
+batch = next(iter(pretrain(sources, tokenizer=tok, cache=cache, num_workers=0, seq_len=95, batch_size=2)))
+table = pq.ParquetFile(nulls).read_row_group(0)
+read_ids(table.column("ids"), "uint16"), read_chars(table.column("chars"))
+print(json.dumps(sorted(m for m in ("pandas", "pyarrow.compute") if m in sys.modules)))
+'''
+
+
+def test_reading_a_cache_imports_neither_pandas_nor_pyarrow_compute(sources, cache_dir, tok_path, tmp_path):
+    """The cache is read from its arrays' buffers: pyarrow's ``to_numpy`` imports pandas on its first
+    call in a process (0.2-0.45 s in each freshly forked loader worker: most of the first batch read
+    from a cache), ``is_valid`` imports ``pyarrow.compute``. Checked in a fresh interpreter, with a
+    unit holding null rows too."""
+    nulls = str(tmp_path / "nulls.parquet")
+    column = ids_array(np.array([1, 2, 3], np.uint16), np.array([0, 1, 1, 3]), np.array([True, False, True]), "uint16")
+    pq.write_table(pa.table({"ids": column, "chars": pa.array([1, 0, 2], pa.uint32())}), nulls, **WRITER_OPTIONS)
+    out = subprocess.run([sys.executable, "-c", READS_ALONE, json.dumps([sources, tok_path, cache_dir, nulls])],
+                         capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
 
 
 def test_cache_of_changed_files_is_refused_naming_them(sources, tok_path, tmp_path):

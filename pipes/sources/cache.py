@@ -49,7 +49,7 @@ from ..tokenizer import Encoder
 from .cache_build import build_cache  # noqa: F401  (the Python entry of `tokenloom tokenize`)
 from .cache_format import (K_CACHE, K_CACHE_BYTES, K_DTYPE, K_KEY, K_SIZE, K_TOKENIZER, K_UNITS, UnitTexts,
                            cache_files, dtype_for, file_entry, file_units, header, header_conflict, matches, merged_files,
-                           has_parts, open_root, read_ids, read_parts, source_dir)
+                           has_parts, open_root, read_chars, read_ids, read_parts, source_dir)
 from .files import OpenFiles, process_fs
 from .readahead import RowGroupReadAhead, budget_for
 from .readers import SourcePlan
@@ -183,6 +183,7 @@ class ReadCached(CursorReader, SkipCount, Node[Doc]):
                 else:  # use_threads=False: the loader workers are the parallelism
                     table = self._open.get(k, self._parquet).read_row_group(g, use_threads=False)
                 self._values, offsets, self._valid = read_ids(table.column(0), self.cache.dtype)
+                chars = read_chars(table.column(1))
             except RuntimeError:
                 raise
             except Exception as e:
@@ -192,7 +193,7 @@ class ReadCached(CursorReader, SkipCount, Node[Doc]):
                 raise RuntimeError(f"cache file {path}, row group {g} has {table.num_rows} rows, unit {u} "
                                    f"({self.units.where(u)}) has {n}: the cache is not of these files; rebuild it")
             self._offsets = offsets.tolist()
-            self._chars = table.column(1).to_numpy().tolist()
+            self._chars = chars.tolist()
         self._unit = u
         return n
 

@@ -128,8 +128,32 @@ def read_ids(column: Any, dtype: str) -> Tuple[np.ndarray, np.ndarray, Optional[
     values = np.frombuffer(data, item, (int(byte_offsets[-1]) - start) // item.itemsize, start) if data is not None \
         else np.empty(0, item)
     offsets = (byte_offsets - start) // item.itemsize
-    valid = None if ids.null_count == 0 else ids.is_valid().to_numpy(zero_copy_only=False)
-    return values, offsets, valid
+    return values, offsets, _valid(ids)
+
+
+# Arrays are read from their buffers, never with pyarrow's ``Array.to_numpy`` or ``is_valid``: the
+# first ``to_numpy`` in a process imports pandas when it is installed (~330 modules, 0.2-0.45 s in a
+# freshly forked loader worker, which was most of the first batch read from a cache) and ``is_valid``
+# imports ``pyarrow.compute`` (~0.03 s).
+
+def _valid(array: pa.Array) -> Optional[np.ndarray]:
+    """Per row, whether it is not null (None: no row is null), from the validity bitmap."""
+    if array.null_count == 0:
+        return None
+    bits = np.frombuffer(array.buffers()[0], np.uint8)
+    return np.unpackbits(bits, bitorder="little")[array.offset:array.offset + len(array)].astype(bool)
+
+
+def read_chars(column: Any) -> np.ndarray:
+    """A row group's ``chars`` column (a pyarrow array or chunked array) as a ``uint32`` array
+    viewing its memory."""
+    chars = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if chars.type != pa.uint32():
+        raise ValueError(f"its {CHARS!r} column is {chars.type}, not uint32: not a {FORMAT} file of version {VERSION}")
+    if chars.null_count:
+        raise ValueError(f"its {CHARS!r} column has {chars.null_count} null rows: not a {FORMAT} file")
+    data = chars.buffers()[1]
+    return np.frombuffer(data, np.uint32, len(chars), chars.offset * 4) if data is not None else np.empty(0, np.uint32)
 
 
 def header(plan: SourcePlan, tokenizer: str, dtype: str) -> Dict[str, Any]:
