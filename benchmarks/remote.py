@@ -87,10 +87,12 @@ class _Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
         pass  # a client that went away (a run ended) is not news
 
 
-def slow_proxy(port: int, upstream: int, latency: float, bandwidth: float) -> _Server:
+def slow_proxy(port: int, upstream: int, latency: float, bandwidth: float,
+               log: Optional[List[tuple]] = None) -> _Server:
     """A threaded HTTP/1.1 proxy on 127.0.0.1:``port`` in front of 127.0.0.1:``upstream``: each
     request waits ``latency`` s, then its response body goes out at ``bandwidth`` bytes/s on its
-    connection. Headers (Host included, so S3 signatures hold) pass through unchanged."""
+    connection. Headers (Host included, so S3 signatures hold) pass through unchanged. ``log``, when
+    given, gets ``(arrived, answered, method, path, range)`` of every request (``time.monotonic()``)."""
 
     answers: Dict[tuple, tuple] = {}  # (method, path, range) -> moto's answer, for objects (they do not change)
 
@@ -101,7 +103,7 @@ def slow_proxy(port: int, upstream: int, latency: float, bandwidth: float) -> _S
             pass
 
         def _forward(self) -> None:
-            t0, arrived = time.perf_counter(), time.time()
+            t0, arrived, arrived_m = time.perf_counter(), time.time(), time.monotonic()
             time.sleep(latency)
             n = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(n) if n else None
@@ -126,6 +128,8 @@ def slow_proxy(port: int, upstream: int, latency: float, bandwidth: float) -> _S
                     time.sleep(wait)
                 self.wfile.write(chunk)
             self.wfile.flush()
+            if log is not None:
+                log.append((arrived_m, time.monotonic(), self.command, self.path, self.headers.get("Range", "")))
             if TRACE:
                 print(f"{arrived:.3f} {time.perf_counter() - t0:.3f}s {self.command} {self.path[:90]} "
                       f"{self.headers.get('Range', '')} {len(data)}", file=sys.stderr, flush=True)

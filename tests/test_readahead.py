@@ -407,3 +407,43 @@ def test_forked_processes_read_s3_through_their_own_connections(s3, creds):
         assert pickle.loads(pickle.dumps(fs)).type_name == "s3"
     finally:
         proxy.shutdown()
+
+
+# --- the first batch from a slow store: round trips of the build -------------------------------------------
+
+@pytest.fixture
+def slow_store(s3, creds):
+    """The s3 fixture's bucket behind benchmarks/remote.py's proxy (``LATENCY`` a request), with the corpus
+    under two prefixes (two sources). Yields (uri of a prefix's glob, log of the proxied requests)."""
+    endpoint, access, secret, local_dir, _ = s3
+    client = boto3.client("s3", endpoint_url=f"http://{endpoint}", region_name="us-east-1",
+                          aws_access_key_id=access, aws_secret_access_key=secret)
+    for kind in ("slow-a", "slow-b"):
+        for name in sorted(os.listdir(local_dir)):
+            with open(os.path.join(local_dir, name), "rb") as f:
+                client.put_object(Bucket=BUCKET, Key=f"{kind}/{name}", Body=f.read())
+    bench = _load_remote_benchmark()
+    proxy_port, log = bench._free_port(), []
+    proxy = bench.slow_proxy(proxy_port, int(endpoint.split(":")[1]), LATENCY, 50e6, log=log)
+    try:
+        yield (lambda prefix: _uri(s3, f"{BUCKET}/{prefix}/*.parquet").replace(endpoint, f"127.0.0.1:{proxy_port}")), log
+    finally:
+        proxy.shutdown()
+
+
+LATENCY = 0.15
+
+
+def test_sources_on_a_slow_store_are_listed_at_once(slow_store, tok_path):
+    """Building a loader lists its remote sources at once: the two listings reach the store together
+    (they came one source after the other, 3 round trips apart; then, still listed in threads, a
+    second S3 client waited out the first one's requests in flight before sending its own)."""
+    uri, log = slow_store
+    t0 = time.monotonic()
+    pretrain({"a": uri("slow-a"), "b": uri("slow-b")}, tokenizer=tok_path, num_workers=0, **ARGS)
+    built = time.monotonic() - t0
+    listings = sorted(t for t, _, method, path, _ in log if method == "GET" and "list-type" in path)
+    assert len(listings) == 2, log
+    assert listings[1] - listings[0] < LATENCY / 2, [round(t - t0, 3) for t in listings]
+    # listing, then each file's open and footer (both sources at once): 3 round trips
+    assert built < 5 * LATENCY, built
