@@ -402,6 +402,10 @@ class TokenLoomLoader(StatefulDataLoader):
         # so the workers of an iterator still alive cannot write into the new ones.
         if self.ring_bytes and uses_fork(self.multiprocessing_context):
             self.dataset.rings = make_rings(self.num_workers, self.ring_bytes)
+        if self.num_workers > 0 and uses_fork(self.multiprocessing_context):
+            # torch's worker loop seeds numpy.random, which numpy 2 imports on first use: imported here
+            # once, forked workers inherit it instead of each importing it (~10 ms a worker at start-up).
+            import numpy.random  # noqa: F401
         self.dataset.armed = True
         try:
             return keep_snapshots_flat(super()._get_iterator())
