@@ -39,6 +39,7 @@ from tokenloom.pipes.sources.readers import SourcePlan, named_sources, plan_sour
 from tokenloom.pipes.schedule import StepClock, Weights, normalize_schedule
 from tokenloom.pipes.shard import ShardUnits, check_shardable
 from tokenloom.pipes.sources.files import SourceSpec, shared_filesystems
+from tokenloom.pipes.sources.parquet import start_first_fetches
 from tokenloom.pipes.stats import WithStats
 from tokenloom.pipes.tokenize import Tokenize
 from tokenloom.pipes.tokenizer import Encoder, load_encoder, resolve_special
@@ -399,6 +400,17 @@ def _plan_sources(named: Mapping[str, Any], tokenizer: Any, *, columns: Mapping[
     return plans, encoder
 
 
+def _start_first_fetches(plans: Sequence[SourcePlan], rank: int, workers: int, num_shards: int, seed: int,
+                         epochs: Optional[int]) -> None:
+    """Fetch the first row groups this rank's workers will read of each remote parquet source, in the
+    background from now on (`start_first_fetches`, parquet.py): they come with the workers' memory
+    instead of two round trips after each worker starts. The sharders as `PackedGraph` makes them."""
+    for plan in plans:
+        if plan.fmt == "parquet":
+            start_first_fetches(plan.units, plan.column, shards=[rank * workers + w for w in range(workers)],
+                                num_shards=num_shards, seed=seed, epochs=epochs if len(plans) == 1 else None)
+
+
 def packed_loader(
     sources: Union[SourceSpec, Mapping[str, SourceSpec]],
     tokenizer: Any,
@@ -471,6 +483,8 @@ def packed_loader(
                                    require_type=str if chat is None else list)
     for plan in plans:
         check_shardable(plan.total_rows, num_shards, f"source {plan.name!r}")
+    if cache is None:  # a token cache reads no text
+        _start_first_fetches(plans, rank, max(num_workers, 1), num_shards, seed, epochs)
     _warn_shared_files(plans)
 
     bos_id = resolve_special(encoder, bos, default_bos=chat is None)

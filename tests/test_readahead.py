@@ -447,3 +447,65 @@ def test_sources_on_a_slow_store_are_listed_at_once(slow_store, tok_path):
     assert listings[1] - listings[0] < LATENCY / 2, [round(t - t0, 3) for t in listings]
     # listing, then each file's open and footer (both sources at once): 3 round trips
     assert built < 5 * LATENCY, built
+
+
+def _first_units(units, shards, num_shards, seed, epochs):
+    """The keys `start_first_fetches` fetches: each shard's first FIRST_UNITS units, round-robin."""
+    its = []
+    for g in shards:
+        node = ShardUnits(units.rows, shard=g, num_shards=num_shards, seed=seed, epochs=epochs)
+        node.reset(None)
+        its.append(node.ahead())
+    keys = []
+    for _ in range(readahead.FIRST_UNITS):
+        for it in its:
+            s = next(it, None)
+            key = (int(units.file[s.unit]), int(units.row_group[s.unit]))
+            if s is not None and key not in keys:
+                keys.append(key)
+    return keys
+
+
+def test_first_units_fetched_by_the_building_process_are_not_fetched_again(slow_store):
+    """The process that lists a remote source fetches the first units of its shards with the handles
+    listing opened (no size lookup, each range once): the readers take those bytes instead of fetching
+    them, and read the same documents."""
+    uri, log = slow_store
+    units = list_parquet_units(resolve_files(uri("slow-a")), "text")
+    assert units.handles is not None and units.footers is not None
+    want = [_docs(_reader(units, 0, shard=g)) for g in (0, 1)]
+    del log[:]
+    first = parquet_mod.start_first_fetches(units, "text", shards=[0, 1], num_shards=2, seed=3, epochs=2)
+    assert first is not None and units.handles is None
+    assert first.wait(30) and first.errors == 0
+    keys = _first_units(units, [0, 1], 2, 3, 2)
+    fetched = [(path, rng) for _, _, method, path, rng in log if method == "GET"]
+    assert len(fetched) == len(set(fetched)) and all(m != "HEAD" for _, _, m, _, _ in log), log
+    assert {first.size(k) is not None for k in keys} == {True}
+    taken = 0
+    for g in (0, 1):
+        reader = _reader(units, 1 << 20, shard=g)
+        assert _docs(reader) == want[g]
+        taken += reader.readahead_stats()["first"]
+    assert taken == len(keys) and all(first.size(k) is None for k in keys)  # every one taken, none fetched again
+
+
+def _child_takes(first, keys, out):
+    out.put(sum(first.take(k) is not None for k in keys))
+
+
+def test_a_fork_waits_for_the_first_fetches_in_flight(slow_store):
+    """Loader workers forked while the first fetches are on their way get all of them: the fork waits
+    for the requests in flight (else the bytes would not be in the child's memory, and a new S3 client
+    in the child would wait forever for the parent's requests)."""
+    uri, _ = slow_store
+    units = list_parquet_units(resolve_files(uri("slow-b")), "text")
+    first = parquet_mod.start_first_fetches(units, "text", shards=[0, 1], num_shards=2, seed=3, epochs=2)
+    keys = _first_units(units, [0, 1], 2, 3, 2)
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    child = ctx.Process(target=_child_takes, args=(first, keys, out))
+    child.start()  # at once: the fetches take at least LATENCY
+    assert out.get(timeout=60) == len(keys) > 0
+    child.join(30)
+    assert pickle.loads(pickle.dumps(units)).handles is None  # a spawned worker gets the bytes, not the handles

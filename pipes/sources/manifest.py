@@ -100,6 +100,8 @@ def build_manifest(spec: str, files: Sequence[SourceFile], column: Optional[str]
         schema = schemas.setdefault(footer.columns, len(schemas))
         entries.append({K_NAME: f.name, K_SIZE: f.size, K_FOOTER: footer.digest, K_ROW_GROUPS: list(footer.row_groups),
                         K_SCHEMA: schema})
+        if footer.handle is not None:
+            footer.handle.close()
     # Absolute, so the "re-run `tokenloom index SPEC`" hint works from any directory.
     shown_spec = _redact(spec, spec) if "://" in spec else os.path.abspath(os.path.expanduser(spec))
     return {K_FORMAT: FORMAT, K_VERSION: VERSION, K_SPEC: shown_spec, K_COLUMN: column,

@@ -56,7 +56,7 @@ from .fingerprint import content_key
 from ..items import Doc
 from ..shard import ShardUnits, WorkSlice
 from .files import FileChangedError, FileUnits, OpenFiles, SourceFile, sft_advice
-from .readahead import RowGroupReadAhead, budget_for
+from .readahead import FirstFetches, RowGroupReadAhead, budget_for
 from .text_files import CursorReader, SkipCount, UnitCursor
 
 log = logging.getLogger(__name__)
@@ -74,6 +74,14 @@ class UnitTable(FileUnits):
     #: Each file's footer bytes as listing read them, for remote files when they are few (`SHIP_FOOTERS`):
     #: a loader worker then reads no footer before its first row groups (readahead.py).
     footers: Optional[List[bytes]] = None
+    #: The files as listing opened them (remote files whose footers are shipped), until the first fetches
+    #: (`start_first_fetches`) have used them; never pickled.
+    handles: Optional[List[Any]] = field(default=None, compare=False, repr=False)
+    #: The row groups the loader's workers read first, fetched by the process that built it (readahead.py).
+    first: Optional[FirstFetches] = field(default=None, compare=False, repr=False)
+
+    def __getstate__(self) -> Dict[str, Any]:
+        return {**self.__dict__, "handles": None}
 
     def where(self, unit: int, row: Optional[int] = None) -> str:
         """A human-readable location for error messages."""
@@ -108,6 +116,7 @@ class Footer:
     row_groups: Tuple[int, ...]
     digest: str = ""
     raw: bytes = field(default=b"", compare=False, repr=False)  # the footer's bytes, when read from the file
+    handle: Any = field(default=None, compare=False, repr=False)  # a remote file as listing opened it
 
 
 #: Bytes read from a file's end to find its footer: pyarrow's own first read (one round trip on S3).
@@ -139,19 +148,25 @@ def _footer_bytes(handle: Any, size: int) -> bytes:
 def read_footer(f: SourceFile) -> Footer:
     """Read ``f``'s footer once (one read of its last 64 KiB, as pyarrow does); an unreadable
     one is a `ValueError` naming the file."""
+    remote = f.fs.type_name != "local"
+    handle = None
     try:
-        with f.open() as handle:
-            raw = _footer_bytes(handle, handle.size())
+        handle = f.open()
+        raw = _footer_bytes(handle, handle.size())
+        if not remote:
+            handle.close()
         meta = pq.ParquetFile(pa.BufferReader(raw)).metadata
         schema = meta.schema.to_arrow_schema()
     except Exception as e:
+        if handle is not None:
+            handle.close()
         if "not a parquet file" in str(e):
             raise ValueError(f"{f.uri or f.path}: {e}; point the source at parquet files, or remove it") from e
         raise ValueError(f"{f.uri or f.path} is not a readable parquet file ({e}); it may be truncated (an "
                          "interrupted copy or write): copy or write it again, or remove it from the source") from e
     return Footer(tuple((x.name, str(x.type), column_kind(x.type)) for x in schema),
                   tuple(meta.row_group(i).num_rows for i in range(meta.num_row_groups)), content_key(raw),
-                  raw if f.fs.type_name != "local" else b"")
+                  raw if remote else b"", handle if remote else None)
 
 
 #: Footer bytes of a remote source's files kept for the loader workers, at most (beyond: they read them).
@@ -176,7 +191,11 @@ def footers_or_errors(files: Sequence[SourceFile]) -> List[Any]:
         with lock:
             kept[0] += len(footer.raw)
             over = kept[0] > SHIP_FOOTERS
-        return replace(footer, raw=b"") if over and footer.raw else footer
+        if over and footer.raw:
+            if footer.handle is not None:
+                footer.handle.close()
+            return replace(footer, raw=b"", handle=None)
+        return footer
 
     if len(files) < 2 or all(f.fs.type_name == "local" for f in files):
         return [one(f) for f in files]
@@ -234,14 +253,70 @@ def units_from_footers(files: Sequence[SourceFile], footers: Sequence[Footer], c
     raw = [footer.raw for footer in footers]
     ship = (any(f.fs.type_name != "local" for f in files) and all(raw)
             and sum(map(len, raw)) <= SHIP_FOOTERS)
+    handles = [footer.handle for footer in footers]
+    if not (ship and all(h is not None for h in handles)):
+        for h in handles:
+            if h is not None:
+                h.close()
+        handles = None
     return UnitTable(keyed, np.asarray(f_idx, np.int32), np.asarray(rgs, np.int32), np.asarray(rows, np.int64),
-                     raw if ship else None)
+                     raw if ship else None, handles)
 
 
 def list_parquet_units(files: Sequence[SourceFile], column: str, *, require: Optional[str] = TEXT) -> UnitTable:
     """Read every footer once and list the units; ``column`` must hold ``require``
     (``"text"``; ``"list"`` for conversations; None: anything)."""
     return units_from_footers(files, read_footers(files), column, require=require)
+
+
+def start_first_fetches(units: UnitTable, column: str, *, shards: Sequence[int], num_shards: int, seed: int,
+                        epochs: Optional[int], readahead: Optional[int] = None) -> Optional[FirstFetches]:
+    """Start fetching, in this process, the first units ``shards`` will read of a remote source whose
+    footers are shipped (`FirstFetches`, readahead.py): up to `FIRST_UNITS` per shard and `FIRST_BYTES`
+    in all, with the handles listing opened (closed once fetched). ``units.first`` is set; None when
+    nothing is fetched (local files, read-ahead off, footers not shipped, or no handles)."""
+    from .readahead import FIRST_BYTES, FIRST_UNITS, chunk_ranges
+
+    handles, units.handles = units.handles, None
+    try:
+        budget = budget_for({id(f.fs): f.fs for f in units.files}.values(), readahead)
+        if not budget or units.footers is None or handles is None:
+            return None
+        cap = min(FIRST_BYTES, budget)
+        keys: List[Tuple[int, int]] = []
+        # round-robin over the shards: each shard's first unit, then each one's second, ...
+        plans = [ShardUnits(units.rows, shard=g, num_shards=num_shards, seed=seed, epochs=epochs) for g in shards]
+        upcoming = []
+        for node in plans:
+            node.reset(None)
+            upcoming.append(node.ahead())
+        for _ in range(FIRST_UNITS):
+            for it in upcoming:
+                s = next(it, None)
+                if s is not None:
+                    key = (int(units.file[s.unit]), int(units.row_group[s.unit]))
+                    if key not in keys:
+                        keys.append(key)
+        metas: Dict[int, Any] = {}
+        items, total = [], 0
+        for i, rg in keys:
+            if i not in metas:
+                metas[i] = pq.ParquetFile(pa.BufferReader(units.footers[i])).metadata
+            ranges = chunk_ranges(metas[i], rg, [column], units.files[i].size)
+            n = sum(n for _, n in ranges)
+            if total + n > cap:
+                break
+            total += n
+            items.append(((i, rg), handles[i], units.files[i].size, ranges))
+        units.first = FirstFetches(items, close=handles) if items else None
+        return units.first
+    except Exception:  # noqa: BLE001 - only an early start: the workers fetch what is not here
+        log.debug("no first fetches", exc_info=True)
+        return None
+    finally:
+        if handles is not None and units.first is None:
+            for h in handles:
+                h.close()
 
 
 def _bad_utf8(value: pa.Scalar) -> bool:
@@ -306,7 +381,8 @@ class ReadParquet(CursorReader, SkipCount, Node[Doc]):
             budget = budget_for({id(f.fs): f.fs for f in self.units.files}.values(), self.readahead) if own else 0
             self._ahead = RowGroupReadAhead(
                 lambda i: self.units.files[i].open_unchanged(), self._upcoming, budget=budget, columns=[self.column],
-                name=self.source, footers=getattr(self.units, "footers", None)) if budget else False
+                name=self.source, footers=getattr(self.units, "footers", None),
+                first=getattr(self.units, "first", None)) if budget else False
         return self._ahead or None
 
     def _upcoming(self) -> Iterator[Tuple[int, int]]:

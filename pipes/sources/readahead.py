@@ -330,6 +330,138 @@ class RangeFile:
         self.closed = True
 
 
+# --- the first row groups, fetched by the process that builds the loader ---------------------------------
+
+#: Bytes of its workers' first row groups the process that builds a loader fetches, at most per source.
+FIRST_BYTES = 32 << 20
+#: Units per source and shard fetched first, at most.
+FIRST_UNITS = 4
+#: Seconds a fork waits for first fetches still in flight (see `FirstFetches`).
+FIRST_WAIT = 30.0
+
+#: First fetches with requests in flight in this process (a fork waits for them).
+_FIRST_LIVE: "weakref.WeakSet[FirstFetches]" = weakref.WeakSet()
+
+
+class FirstFetches:
+    """Row groups a loader's workers will read first, fetched in the background by the process that
+    builds the loader, from the moment listing has read the footers: a worker then finds its first
+    units' bytes in its memory when it starts, instead of opening their files (pyarrow's size lookup,
+    one round trip per file and process) and fetching them (another) after the fork.
+
+    ``items`` are ``(key, handle, file size, ranges)``: the handle listing opened the file with, and
+    the ranges a worker would fetch (`chunk_ranges`). Bytes are matched by key, so a worker whose
+    position is elsewhere (a restore) just finds nothing (the bytes of a key do not depend on who reads
+    it: what comes does not change). A fork waits until the requests in flight have ended (at most
+    ``FIRST_WAIT`` s): the bytes are then in the child's copy of the memory, and no S3 client of the
+    parent is mid-request (a child's new client would wait for those requests forever). A spawned
+    worker gets the bytes fetched so far with the pickled units. The bytes stay in the building process
+    as long as the units (at most ``FIRST_BYTES`` a source).
+    """
+
+    def __init__(self, items: Sequence[Tuple[Key, Any, int, List[Tuple[int, int]]]], close: Sequence[Any] = ()):
+        self._cond = threading.Condition(threading.Lock())
+        self._chunks: Dict[Key, Tuple[int, List[Tuple[int, bytes]]]] = {}
+        self._sizes = {key: sum(n for _, n in ranges) for key, _, _, ranges in items}
+        self._left = 0
+        self.errors = 0
+        parts = [(key, handle, size, off, n) for key, handle, size, ranges in items for off, n in _parts(ranges)]
+        if not parts:
+            _close_all(close)
+            return
+        self._left = len(parts)
+        got: Dict[Key, List[Tuple[int, bytes]]] = {key: [] for key, _, _, _ in items}
+        missing = {key: len(_parts(ranges)) for key, _, _, ranges in items}
+        failed: set = set()
+        with _POOL_LOCK:
+            _FIRST_LIVE.add(self)
+
+        def fetch(key: Key, handle: Any, size: int, off: int, n: int) -> None:
+            data = None
+            try:
+                data = _read_range(handle, off, n)
+            except BaseException:  # noqa: BLE001 - the worker fetches this unit itself
+                pass
+            with self._cond:
+                if data is None:
+                    failed.add(key)
+                    self.errors += 1
+                else:
+                    got[key].append((off, data))
+                missing[key] -= 1
+                if missing[key] == 0 and key not in failed:
+                    self._chunks[key] = (size, got.pop(key))
+                self._left -= 1
+                last = self._left == 0
+                if last:
+                    self._cond.notify_all()
+            if last:
+                _close_all(close)  # the handles listing opened: the workers open their own
+
+        pool = _pool()
+        for key, handle, size, off, n in parts:
+            pool.submit(lambda a=(key, handle, size, off, n): fetch(*a))
+
+    def size(self, key: Key) -> Optional[int]:
+        """The bytes of unit ``key`` if it was fetched (or is being fetched) here, else None."""
+        return self._sizes.get(key)
+
+    def take(self, key: Key) -> Optional[Tuple[int, List[Tuple[int, bytes]]]]:
+        """``(file size, [(offset, bytes), ...])`` of unit ``key``, fetched and not taken yet, else None."""
+        with self._cond:
+            out = self._chunks.pop(key, None)
+        if out is not None:
+            self._sizes.pop(key, None)
+        return out
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        """Wait until no request is in flight; whether none is."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._left == 0, timeout)
+
+    def __getstate__(self) -> Dict[str, Any]:
+        with self._cond:
+            chunks = dict(self._chunks)
+        return {"chunks": chunks}
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._chunks = state["chunks"]
+        self._sizes = {key: sum(len(d) for _, d in chunks) for key, (_, chunks) in self._chunks.items()}
+        self._left, self.errors = 0, 0
+
+
+def _close_all(handles: Sequence[Any]) -> None:
+    for h in handles:
+        try:
+            h.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def _before_fork() -> None:
+    """A fork waits for the first fetches in flight (see `FirstFetches`)."""
+    with _POOL_LOCK:
+        live = list(_FIRST_LIVE)
+    deadline = time.monotonic() + FIRST_WAIT
+    for ff in live:
+        ff.wait(max(0.0, deadline - time.monotonic()))
+
+
+os.register_at_fork(before=_before_fork)
+
+
+class _LaterHandle:
+    """A file's handle opened only if read (a read outside the first fetches' ranges): its opening is a
+    round trip that a unit fetched first does not need."""
+
+    def __init__(self, opened: Callable[[], Any]):
+        self.opened = opened
+
+    def read_at(self, n: int, off: int) -> Any:
+        return self.opened().read_at(n, off)
+
+
 # --- one reader's read-ahead -------------------------------------------------------------------------
 
 class _Fetch:
@@ -361,13 +493,15 @@ class RowGroupReadAhead:
 
     def __init__(self, opener: Callable[[int], Any], upcoming: Callable[[], Iterable[Optional[Key]]], *,
                  budget: int, columns: Optional[Sequence[str]], checksums: bool = True,
-                 depth: int = DEPTH, name: str = "", footers: Optional[Sequence[bytes]] = None):
+                 depth: int = DEPTH, name: str = "", footers: Optional[Sequence[bytes]] = None,
+                 first: Optional[FirstFetches] = None):
         if budget <= 0:
             raise ValueError(f"{budget=} must be > 0 (0 is no read-ahead: read synchronously)")
         self.opener, self.upcoming, self.budget = opener, upcoming, int(budget)
         self.columns = None if columns is None else list(columns)
         self.checksums, self.depth, self.name = checksums, int(depth), name
-        self.footers = footers
+        self.footers, self.first = footers, first
+        self._metas: Dict[int, Any] = {}  # metadata parsed from the shipped footers, for units fetched first
         self.max_files = max(OPEN_FILES, 2 * self.depth)
         self._lock = threading.Lock()
         self._files: "OrderedDict[int, Future]" = OrderedDict()  # file -> Future[(handle, metadata, size)]
@@ -378,7 +512,7 @@ class RowGroupReadAhead:
         self._held = 0
         self._started = False
         self.counts = {"ready": 0, "waited": 0, "inline": 0, "wait_s": 0.0, "misses": 0, "peak_bytes": 0,
-                       "fetched_bytes": 0}
+                       "fetched_bytes": 0, "first": 0}
 
     # -- what the reader calls
 
@@ -508,6 +642,14 @@ class RowGroupReadAhead:
         for key in self._ahead:
             if key in self._pending:
                 continue
+            size = self.first.size(key) if self.first is not None and self.footers else None
+            if size is not None:
+                if self._held and self._held + size > self.budget:
+                    break
+                got = self.first.take(key)
+                if got is not None:
+                    self._take_first(key, *got)
+                    continue
             fut = self._file(key[0])
             if not fut.done():
                 break  # the budget goes to units in order: wait for this one's footer
@@ -537,6 +679,32 @@ class RowGroupReadAhead:
             pool = _pool()
             for j, (off, n) in enumerate(parts):
                 pool.submit(lambda f=f, j=j, off=off, n=n: self._fetch_part(f, j, off, n))
+
+    def _take_first(self, key: Key, file_size: int, chunks: List[Tuple[int, bytes]]) -> None:
+        """Unit ``key`` as the building process fetched it (`FirstFetches`): no request."""
+        i = key[0]
+        f = _Fetch(key)
+        meta = self._metas.get(i)
+        if meta is None:
+            meta = self._metas[i] = pq.ParquetFile(pa.BufferReader(self.footers[i])).metadata
+        if len(self._metas) > self.max_files:
+            self._metas.pop(next(iter(self._metas)))
+        f.meta, f.file_size = meta, file_size
+        f.handle = _LaterHandle(lambda: self._file_now(i))
+        f.offsets, f.parts = [off for off, _ in chunks], [data for _, data in chunks]
+        f.size = sum(len(data) for data in f.parts)
+        f.done = True
+        f.future.set_result(None)
+        self._held += f.size
+        self.counts["peak_bytes"] = max(self.counts["peak_bytes"], self._held)
+        self.counts["first"] += 1
+        self._pending[key] = f
+
+    def _file_now(self, i: int) -> Any:
+        """File ``i``'s handle, opened if need be (outside the lock)."""
+        with self._lock:
+            fut = self._file(i)
+        return fut.result()[0]
 
     def _fetch_part(self, f: _Fetch, j: int, off: int, n: int) -> None:  # in a pool thread
         data, error = None, None
