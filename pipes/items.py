@@ -37,7 +37,8 @@ class TokenDoc(NamedTuple):
     epoch: int = 0
     unit: int = -1  # where it came from (`Doc`), so an elastic resume can hand it to another shard
     pos: int = -1
-    used: int = 0  # the first ``used`` tokens were delivered before an elastic resume: pack the rest
+    used: int = 0  # the first ``used`` tokens were delivered before (elastic resume, earlier pieces): pack the rest
+    more: bool = False  # a piece of a longer document whose next pieces follow (pieces.py)
 
     def origin(self) -> tuple:
         return (self.source, self.epoch, self.unit, self.pos)

@@ -22,6 +22,10 @@ Stop rules, with each source's documents counted in passes (epochs) from
 - ``"all_exhausted"``: the stream ends when every source is; meanwhile exhausted
   sources keep cycling (``cycle_exhausted=True``, the weights hold) or drop out.
 
+A child may hand out a long document in pieces (pieces.py): a piece counts its own tokens
+and only the first counts as a document; once a piece is out, the document's next pieces
+come before the stream ends, and even when its source can no longer be picked.
+
 Children must be endless streams (the mixer decides when to stop, by the epoch
 each document carries); the document that shows a source has finished its passes
 is not emitted. Weights may follow a schedule over training steps (see
@@ -60,7 +64,8 @@ class Mix(Node[TokenDoc]):
     ENDED = "ended"
     ERA = "era"
     ERA_BASE = "era_base"
-    STATE_KEYS = (CHILDREN, TOKENS, DOCUMENTS, PASSES, EXHAUSTED, PICKS, CURSOR, ENDED, ERA, ERA_BASE)
+    MIDWAY = "midway"  # per source: a document handed out in part, in pieces (pieces.py)
+    STATE_KEYS = (CHILDREN, TOKENS, DOCUMENTS, PASSES, EXHAUSTED, PICKS, CURSOR, ENDED, ERA, ERA_BASE, MIDWAY)
 
     def __init__(self, children: Mapping[str, Node[TokenDoc]], *, weights: Optional[Weights] = None,
                  strategy: str = "interleave", unit: str = "tokens", stop: str = "never",
@@ -114,6 +119,7 @@ class Mix(Node[TokenDoc]):
         self._ended = False
         self._era = -1
         self._era_base = [0] * n  # the counted unit at the start of the current era
+        self._midway = [False] * n
 
     def reset(self, initial_state: Optional[Dict[str, Any]] = None) -> None:
         if initial_state is None:
@@ -135,6 +141,7 @@ class Mix(Node[TokenDoc]):
         self._ended = bool(initial_state[self.ENDED])
         self._era = int(initial_state[self.ERA])
         self._era_base = [int(x) for x in initial_state[self.ERA_BASE]]
+        self._midway = [bool(x) for x in initial_state[self.MIDWAY]]
 
     # --- choosing a source ---------------------------------------------------------
     def _shares(self) -> List[float]:
@@ -225,7 +232,20 @@ class Mix(Node[TokenDoc]):
         return -1
 
     # --- the node ------------------------------------------------------------------
+    def _go_on(self, i: int) -> TokenDoc:
+        """The next piece of the document source ``i`` handed out in part."""
+        doc = self.children[i].next()
+        self._midway[i] = bool(getattr(doc, "more", False))
+        self._tokens[i] += len(doc.ids) - doc.used
+        return doc
+
     def next(self) -> TokenDoc:
+        if True in self._midway:
+            # A document handed out in part is finished even when its source can no longer be
+            # picked (a weight gone to 0, the stream stopped): its packer slot waits for the rest.
+            for i, midway in enumerate(self._midway):
+                if midway and (self._ended or not (self._participates(i) and self._eligible(i))):
+                    return self._go_on(i)
         while not self._ended:
             i = self._choose()
             if i < 0:
@@ -250,7 +270,10 @@ class Mix(Node[TokenDoc]):
             if self.unit == "tokens" or isinstance(doc, TokenDoc):
                 self._tokens[i] += len(doc.ids) - used
             self._docs[i] += used == 0
+            self._midway[i] = getattr(doc, "more", False)  # a piece: its document goes on (pieces.py)
             return doc
+        if True in self._midway:
+            return self._go_on(self._midway.index(True))
         raise StopIteration
 
     def get_state(self) -> Dict[str, Any]:
@@ -259,6 +282,7 @@ class Mix(Node[TokenDoc]):
             self.TOKENS: list(self._tokens), self.DOCUMENTS: list(self._docs), self.PASSES: list(self._passes),
             self.EXHAUSTED: list(self._exhausted), self.PICKS: self._picks, self.CURSOR: self._cursor,
             self.ENDED: self._ended, self.ERA: self._era, self.ERA_BASE: list(self._era_base),
+            self.MIDWAY: [int(x) for x in self._midway],
         }
 
     def get_state_counters(self) -> Dict[str, Any]:

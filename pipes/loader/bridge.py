@@ -56,7 +56,8 @@ from .worker_threads import single_thread_tokenizers
 #: 4: the best-fit buffer ramps up and is bounded in tokens (buffer_tokens); crop starts rows with long documents.
 #: 5: no segment starts in a row's label slot (flat, bestfit); the run's history (lineage) is saved.
 #: 6: packers record their save point (pack/savepoint.py): an elastic resume reads no old shard again.
-STATE_VERSION = 6
+#: 7: with several sources, bestfit mixes long documents in pieces (pieces.py): a Pieces node above each branch.
+STATE_VERSION = 7
 STATE_FORMAT = "tokenloom.loader"
 
 

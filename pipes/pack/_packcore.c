@@ -76,7 +76,7 @@ static int ix_gt(const Index *ix, int x) {
 }
 
 typedef struct {
-    Py_buffer b[17];
+    Py_buffer b[18];
     int nb;
 } Buffers;
 
@@ -193,17 +193,23 @@ static PyObject *py_insert_many(PyObject *self, PyObject *args) {
 
 enum { MODE_BESTFIT = 0, MODE_CROP = 1 };
 
+/* An open slot holds a document whose next pieces are still to come (pipes/pieces.py). While it
+ * has a row or less left it is parked: out of the index, so it is never placed whole into the
+ * middle of a row (which would end a segment mid-document); placed as a full row or a gap cut,
+ * it always ends at the row's end. Its next piece (core.py: Slots.extend) puts it back. */
+#define PARKED(ix, open, s) ((open)[s] && (ix)->len[s] - (ix)->used[s] <= (ix)->C)
+
 /* Continue one row from (pos, nseg, nfreed); see core.py for the rules.
  * The caller tops the buffer up before each call. When nothing fits and this call freed a
  * slot (so the buffer is no longer full) while upstream has not ended, it stops ("stuck")
  * so the caller can top up and call again: gaps are cut only from a full buffer.
  * Returns (segments, filled, freed, discarded, newly_cut, stuck). */
 static PyObject *py_build_row(PyObject *self, PyObject *args) {
-    PyObject *docs, *masks, *o[8], *row_o, *rowmask_o, *seglen_o, *segslot_o, *segoff_o, *freed_o, *forced_o;
+    PyObject *docs, *masks, *o[8], *row_o, *rowmask_o, *seglen_o, *segslot_o, *segoff_o, *freed_o, *forced_o, *open_o;
     int C, mode, nforced, min_fill, pos, nseg, nfreed, ended;
-    if (!PyArg_ParseTuple(args, "O!OOOOOOOOOOOOOOOOiiiiiiii", &PyList_Type, &docs, &masks, &o[0], &o[1], &o[2],
+    if (!PyArg_ParseTuple(args, "O!OOOOOOOOOOOOOOOOOiiiiiiii", &PyList_Type, &docs, &masks, &o[0], &o[1], &o[2],
                           &o[3], &o[4], &o[5], &o[6], &o[7], &row_o, &rowmask_o, &seglen_o, &segslot_o, &segoff_o,
-                          &freed_o, &forced_o, &C, &mode, &nforced, &min_fill, &pos, &nseg, &nfreed, &ended))
+                          &freed_o, &forced_o, &open_o, &C, &mode, &nforced, &min_fill, &pos, &nseg, &nfreed, &ended))
         return NULL;
     if (masks != Py_None && !PyList_Check(masks)) {
         PyErr_SetString(PyExc_TypeError, "_packcore.build_row: masks must be a list or None");
@@ -213,8 +219,8 @@ static PyObject *py_build_row(PyObject *self, PyObject *args) {
     Index ix;
     Py_ssize_t S = PyList_GET_SIZE(docs);
     int32_t *row, *seglen, *segslot, *segoff, *freed, *forced = NULL;
-    uint8_t *rowmask = NULL;
-    if (bind_index(&bs, o, C, S, &ix) < 0 ||
+    uint8_t *rowmask = NULL, *open;
+    if (bind_index(&bs, o, C, S, &ix) < 0 || !(open = get_buf(&bs, open_o, S, "open")) ||
         !(row = get_buf(&bs, row_o, C * 4, "row")) || !(seglen = get_buf(&bs, seglen_o, C * 4, "seglen")) ||
         !(segslot = get_buf(&bs, segslot_o, C * 4, "segslot")) || !(segoff = get_buf(&bs, segoff_o, C * 4, "segoff")) ||
         !(freed = get_buf(&bs, freed_o, S * 4, "freed")) ||
@@ -256,7 +262,7 @@ static PyObject *py_build_row(PyObject *self, PyObject *args) {
         if (s < 0 && f < nforced) {
             /* Overdue documents, oldest first, while they fit. */
             int c = forced[f];
-            if (ix.seq[c] >= 0 && next_len(&ix, c) <= C - pos) {
+            if (ix.seq[c] >= 0 && !PARKED(&ix, open, c) && next_len(&ix, c) <= C - pos) {
                 s = c;
                 take = next_len(&ix, c);
                 f++;
@@ -316,7 +322,7 @@ static PyObject *py_build_row(PyObject *self, PyObject *args) {
         if (rest == 0) {
             ix.seq[s] = -1;
             freed[nfreed++] = s;
-        } else {
+        } else if (!PARKED(&ix, open, s)) {
             ix_insert(&ix, s);
         }
         s = -1;

@@ -69,8 +69,14 @@ def _nonempty(bits) -> int:
     return sum(int(w) << (64 * i) for i, w in enumerate(bits))
 
 
+def parked(ln, used, opened, s, C) -> bool:
+    """An open slot (its document's next pieces still to come) with a row or less left: out of the
+    index, never placed whole mid-row (see _packcore.c)."""
+    return bool(opened[s]) and int(ln[s]) - int(used[s]) <= C
+
+
 def build_row(docs: List[np.ndarray], masks: Optional[list], seq, ln, used, head, tail, nxt, prv, bits, row, rowmask,
-              seglen, segslot, segoff, freed, forced, C, mode, nforced, min_fill, pos, nseg, nfreed, ended):
+              seglen, segslot, segoff, freed, forced, opened, C, mode, nforced, min_fill, pos, nseg, nfreed, ended):
     discarded = newly_cut = 0
     stuck, nfreed0 = 0, nfreed
     s, f, take = -1, 0, 0
@@ -88,7 +94,7 @@ def build_row(docs: List[np.ndarray], masks: Optional[list], seq, ln, used, head
             break  # the label slot stays padding (see _packcore.c)
         if s < 0 and f < nforced:
             c = int(forced[f])
-            if int(seq[c]) >= 0 and _next_len(ln, used, c, C) <= C - pos:
+            if int(seq[c]) >= 0 and not parked(ln, used, opened, c, C) and _next_len(ln, used, c, C) <= C - pos:
                 s, take = c, _next_len(ln, used, c, C)
                 f += 1
             else:
@@ -146,7 +152,7 @@ def build_row(docs: List[np.ndarray], masks: Optional[list], seq, ln, used, head
             seq[s] = -1
             freed[nfreed] = s
             nfreed += 1
-        else:
+        elif not parked(ln, used, opened, s, C):
             insert(seq, ln, used, head, tail, nxt, prv, bits, s, C)
         s = -1
     if pos < C and not stuck:

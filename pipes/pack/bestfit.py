@@ -58,6 +58,11 @@ costs discards where short documents are scarce: a policy that never forces
 gaps next to documents of nearly a row, some of them for the whole stream; with
 the bound, rows take them earlier. packing.py measures both side by side.
 
+Long documents from a mixer may come in pieces (pipes/pieces.py, the recipes' default for
+``bestfit`` with several sources): a piece is appended to the slot its document has (see
+`core`), so rows are cut as if the document had come whole, and a parked piece (a row or
+less left, the rest to come) does not count toward the buffer's token bound.
+
 State (a position, never the buffer): the upstream state just before the pull
 of document number ``base`` (checkpoints every ``CHECKPOINT_EVERY`` pulls or
 ``CHECKPOINT_ROWS`` rows' worth of tokens, at or before the oldest buffered
@@ -155,6 +160,7 @@ class BestFitPack(Node[Row]):
         self._ended = False
         self._replay_to = 0
         self._replay_live: Dict[int, int] = {}
+        self._open: Dict[str, int] = {}  # source -> seq of its document arriving in pieces (pipes/pieces.py)
         self._stats = new_stats()
         # Per slot, its document as a row of the save point's table (source index, 1, epoch, unit,
         # pos, used), filled in by get_state for the documents pulled since the previous one (savepoint.py).
@@ -206,11 +212,38 @@ class BestFitPack(Node[Row]):
             self._since_ckpt = 0
 
     def _add(self, seq: int, doc: TokenDoc, used: int) -> None:
-        self._slot_of[seq] = self._slots.add(seq, doc.ids, used, doc.mask, doc.source)
+        more = getattr(doc, "more", False)
+        self._slot_of[seq] = self._slots.add(seq, doc.ids, used, doc.mask, doc.source, more)
+        if more:
+            self._open[doc.source] = seq
         self._docs[seq] = doc
         self._ages.append(seq)
         self._tok_at[seq] = self._tokens
         self._held += len(doc.ids) - used
+
+    def _append(self, doc: TokenDoc) -> int:
+        """The next piece of the document its source has in pieces here: appended to its slot, so
+        the document is cut into rows as if it had come whole (pipes/pieces.py). Returns the tokens added
+        (the caller counts them as held)."""
+        seq = self._open[doc.source]
+        if doc.used != len(self._docs[seq].ids):
+            raise RuntimeError(f"BestFitPack: a piece of source {doc.source!r} starts at token {doc.used}, but the "
+                               f"piece before it ended at {len(self._docs[seq].ids)}; pieces must continue each other")
+        added = self._slots.extend(self._slot_of[seq], doc.ids, doc.mask, doc.more)
+        self._docs[seq] = doc
+        if not doc.more:
+            del self._open[doc.source]
+        return added
+
+    def _parked_tokens(self) -> int:
+        slots, slot_of = self._slots, self._slot_of
+        return sum(slots.waiting(slot_of[q], parked=True) for q in self._open.values())
+
+    def _close_open(self) -> None:
+        """Upstream ended with documents in pieces: what they hold ends them."""
+        for seq in self._open.values():
+            self._slots.close(self._slot_of[seq])
+        self._open.clear()
 
     def _replay(self) -> None:
         """Rebuild the buffer after a restore by re-reading the window [base, pulled)."""
@@ -222,9 +255,14 @@ class BestFitPack(Node[Row]):
                     f"pulled {self._replay_to}; the data changed since the state was saved"
                 )
             seq, doc = got
+            if doc.used and doc.source in self._open:  # a piece of a buffered document (open slots never free)
+                self._held += self._append(doc)
+                continue
             used = self._replay_live.pop(seq, None)
             if used is not None:
                 self._add(seq, doc, used)
+        if self._ended and self._open:
+            self._close_open()
         self._replay_to = 0
 
     def fill_limit(self) -> int:
@@ -242,7 +280,8 @@ class BestFitPack(Node[Row]):
         slots, stats, parent, ckpts, every = self._slots, self._stats, self.parent, self._ckpts, self.CHECKPOINT_EVERY
         ckpt_tokens = self.CHECKPOINT_ROWS * self.row_len
         limit = self.fill_limit()
-        held = self._held - slots.row_taken  # minus what the row being built already took
+        # minus what the row being built already took, and what parked pieces hold (they cannot be placed)
+        held = self._held - slots.row_taken - (self._parked_tokens() if self._open else 0)
         tokens = docs = 0
         total, since = self._tokens, self._since_ckpt
         while not self._ended and slots.occupied < self.buffer_size and held < limit:
@@ -254,15 +293,25 @@ class BestFitPack(Node[Row]):
                 doc = parent.next()
             except StopIteration:
                 self._ended = True
+                if self._open:
+                    self._close_open()
                 break
             self._pulled = seq + 1
-            n, used = len(doc.ids), doc.used  # used > 0: delivered in part before an elastic resume
+            n, used = len(doc.ids), doc.used  # used > 0: delivered in part before an elastic resume, or a piece
             tokens += n - used
             total += n - used
             since += n - used
             docs += used == 0
-            if n > used:  # an empty document (no BOS, no text) has nothing to place
-                self._slot_of[seq] = slots.add(seq, doc.ids, used, doc.mask, doc.source)
+            if used and doc.source in self._open:
+                slot = self._slot_of[self._open[doc.source]]
+                before = slots.waiting(slot)
+                self._append(doc)
+                held += slots.waiting(slot) - before
+            elif n > used:  # an empty document (no BOS, no text) has nothing to place
+                more = getattr(doc, "more", False)
+                self._slot_of[seq] = slots.add(seq, doc.ids, used, doc.mask, doc.source, more)
+                if more:
+                    self._open[doc.source] = seq
                 self._docs[seq] = doc
                 self._ages.append(seq)
                 self._tok_at[seq] = total
@@ -295,7 +344,7 @@ class BestFitPack(Node[Row]):
             if (seq >= limit and tok_at[seq] >= tok_limit) or len(out) >= cap:  # tok_at covers _ages
                 break
             slot = self._slot_of.get(seq)
-            if slot is not None:
+            if slot is not None and not (self._open and self._slots.parked(slot)):
                 out.append(slot)
         return out
 

@@ -20,6 +20,12 @@ Rules for one row of ``C`` tokens (the same in ``_packcore.c`` and ``_packcore_p
      and discard its rest. Documents longer than a row keep only the first ``C``
      tokens, so every segment starts with its document's first token (BOS).
 
+A document arriving in pieces (pipes/pieces.py) has one slot that each piece extends
+(`Slots.extend`). While more pieces are to come it is *open*: placed only as a full row
+(rules 0 and 2, next segment ``C``) or a gap cut (rule 3), which end at the row's end, and
+parked out of the index while it has a row or less left; so it is cut where it would be
+cut had it come whole, never ended mid-row.
+
 The index is a list of slots per next-segment length, each ordered by sequence
 number, plus a bitmap of non-empty lengths: a placement is a scan of ``C/64``
 words, independent of the buffer size. Because the order depends only on the
@@ -63,6 +69,7 @@ class Slots:
         self.head = np.full(row_len + 1, -1, np.int32)
         self.tail = np.full(row_len + 1, -1, np.int32)
         self.bits = np.zeros((row_len >> 6) + 1, np.uint64)
+        self.opened = np.zeros(S, np.uint8)  # 1: the document's next pieces are still to come (extend)
         self.docs: List[np.ndarray] = [_EMPTY] * S
         self.masks: List[Optional[np.ndarray]] = [None] * S
         self.free = list(range(S - 1, -1, -1))
@@ -83,8 +90,10 @@ class Slots:
         return self.occupied
 
     def add(self, seq: int, ids: np.ndarray, used: int = 0, mask: Optional[np.ndarray] = None,
-            source: str = "") -> int:
-        """Stage a document; it joins the index at the next `build_row` (one C call per refill)."""
+            source: str = "", more: bool = False) -> int:
+        """Stage a document; it joins the index at the next `build_row` (one C call per refill).
+        ``more``: it is a piece whose document goes on in pieces still to come (`extend`); until
+        then it is placed only as full rows or gap cuts, which end at a row's end."""
         s = self.free.pop()
         self.occupied += 1
         self.docs[s] = ids
@@ -93,6 +102,11 @@ class Slots:
         if mask is not None:
             self.masks[s] = mask.view(np.uint8) if mask.dtype == np.bool_ else mask.astype(np.uint8)
             self.masked += 1
+        if more:
+            self.opened[s] = 1
+            if len(ids) - used <= self.C:  # parked: set up now, indexed when its next piece comes
+                self.seq[s], self.len[s], self.used[s] = seq, len(ids), used
+                return s
         p = self._pending
         p[0].append(s)
         p[1].append(seq)
@@ -107,6 +121,47 @@ class Slots:
                                   self.bits, self.C, *p)
             self._pending = ([], [], [], [])
 
+    def parked(self, s: int) -> bool:
+        """An open slot with a row or less left: out of the index until its next piece."""
+        self._flush()  # a staged slot's length is in the index's arrays only once flushed
+        return bool(self.opened[s]) and int(self.len[s]) - int(self.used[s]) <= self.C
+
+    def waiting(self, s: int, parked: bool = False) -> int:
+        """Tokens slot ``s`` holds that may be placed now (``parked``: that may not, parked)."""
+        rest = int(self.len[s]) - int(self.used[s])
+        return rest if self.parked(s) == parked else 0
+
+    def extend(self, s: int, ids: np.ndarray, mask: Optional[np.ndarray] = None, more: bool = False) -> int:
+        """The next piece of slot ``s``'s document: ``ids`` (and ``mask``) are the document up to the
+        new piece's end, the same tokens before it. Returns the tokens added."""
+        self._flush()
+        was_parked = self.parked(s)
+        added = len(ids) - int(self.len[s])
+        self.docs[s] = ids
+        if mask is not None:
+            if self.masks[s] is None:
+                self.masked += 1
+            self.masks[s] = mask.view(np.uint8) if mask.dtype == np.bool_ else mask.astype(np.uint8)
+        self.len[s] = len(ids)
+        self.opened[s] = 1 if more else 0
+        # An indexed slot has more than a row left, so its next segment stays a full row: its place
+        # in the index does not change. A parked one joins the index once it may be placed.
+        if was_parked and not self.parked(s) and int(self.len[s]) > int(self.used[s]):
+            self.core.insert(self.seq, self.len, self.used, self.head, self.tail, self.next, self.prev, self.bits,
+                             s, self.C)
+        return added
+
+    def close(self, s: int) -> None:
+        """No more pieces will come for slot ``s`` (upstream ended): what it holds is placed as a
+        whole document's end."""
+        self._flush()
+        if self.opened[s]:
+            was_parked = self.parked(s)
+            self.opened[s] = 0
+            if was_parked and int(self.len[s]) > int(self.used[s]):
+                self.core.insert(self.seq, self.len, self.used, self.head, self.tail, self.next, self.prev,
+                                 self.bits, s, self.C)
+
     def used_array(self) -> np.ndarray:
         """Tokens already taken from each slot's document (all slots; staged ones included)."""
         self._flush()
@@ -116,6 +171,7 @@ class Slots:
         for s in self._freed[:nfreed].tolist():
             freed_seqs.append(self.owner[s])
             self.owner[s] = -1
+            self.opened[s] = 0
             self.docs[s] = _EMPTY
             if self.masks[s] is not None:
                 self.masks[s] = None
@@ -143,8 +199,8 @@ class Slots:
             nseg, pos, nfreed, d, c, stuck = self.core.build_row(
                 self.docs, self.masks if use_mask else None, self.seq, self.len, self.used, self.head, self.tail,
                 self.next, self.prev, self.bits, self._row, self._rowmask if use_mask else None, self._seglen,
-                self._segslot, self._segoff, self._freed, forced_arr, self.C, self.mode, nforced, self.min_fill, pos,
-                nseg, 0, int(ended))
+                self._segslot, self._segoff, self._freed, forced_arr, self.opened, self.C, self.mode, nforced,
+                self.min_fill, pos, nseg, 0, int(ended))
             discarded, cut, nforced = discarded + d, cut + c, 0
             # Capture what the freed slots held before a refill reuses them.
             sources.extend(self.source[s] for s in self._segslot[before:nseg].tolist())

@@ -12,8 +12,10 @@ So with every state a packer also records its save point, under its ``ELASTIC`` 
 `SavePoint.take`): positions and counters, never tokens or text.
 
 - ``docs``: the documents in flight as rows of six ints ``(source, picked, epoch, unit, pos,
-  used)``: the packer's (``picked``: the mixer counted them) with the tokens of each delivered,
-  and those a tokenizer (or chat renderer) read but has not handed on. Sorted, each column
+  used)``: the packer's (``picked`` 1: the mixer counted them) with the tokens of each delivered,
+  those a tokenizer (or chat renderer) read but has not handed on (0), and the rest of a document
+  handed out in pieces (2, pipes/pieces.py), unless the packer holds its earlier pieces: its row
+  then covers the whole rest, as the packer appends the pieces to one slot. Sorted, each column
   delta-coded, zlib'd, base64: ~1-5 bytes a document (`pack_docs`).
 - ``sources``: per source, ``[sharder epoch, sharder index, sharder prefix count, rows of the
   current slice read, epoch of the next row, rows skipped, *branch counters]``: the reader's live
@@ -79,6 +81,8 @@ def kind_of(node: Any) -> str:
         return "packer"
     if name in ("Tokenize", "RenderChat"):
         return "branch"
+    if name == "Pieces":
+        return "pieces"
     if name == "Mix":
         return "mix"
     if name == "Batch":
@@ -143,6 +147,7 @@ class SavePoint:
         self.index: Dict[str, int] = {}
         self.readers: List[Any] = []
         self.branches: List[Optional[Any]] = []
+        self.pieces: List[Optional[Any]] = []
         self._mix: Any = None
         self.loaded: Optional[Dict[str, Any]] = None
         self._loaded_docs: Optional[np.ndarray] = None
@@ -151,6 +156,7 @@ class SavePoint:
         nodes = list(nodes_of(self.parent))
         self._mix = next((n for n in nodes if kind_of(n) == "mix"), None)
         branches = [n for n in nodes if kind_of(n) == "branch"]
+        pieces = [n for n in nodes if kind_of(n) == "pieces"]
         for reader in nodes:
             if kind_of(reader) != "reader" or not hasattr(reader, "position"):
                 continue
@@ -160,7 +166,9 @@ class SavePoint:
             self.index[name] = len(self.names)
             self.names.append(name)
             self.readers.append(reader)
-            self.branches.append(next((b for b in branches if getattr(b, "parent", None) is reader), None))
+            branch = next((b for b in branches if getattr(b, "parent", None) is reader), None)
+            self.branches.append(branch)
+            self.pieces.append(next((p for p in pieces if p.parent is (branch or reader)), None))
         self._found = True
 
     def count(self) -> int:
@@ -202,7 +210,11 @@ class SavePoint:
         sources: Dict[str, List[int]] = {}
         loaded = self.loaded
         for i, name in enumerate(self.names):
-            reader, branch = self.readers[i], self.branches[i]
+            reader, branch, pieces = self.readers[i], self.branches[i], self.pieces[i]
+            if pieces is not None:
+                held = pieces.in_flight_origins(i)
+                if len(held) and not _holds(picked, held[0]):
+                    parts.append(held)
             if loaded is not None and branch is not None and branch.untouched_since_restore():
                 # Not pulled since the restore: it stands where the save found it (module docstring).
                 sources[name] = loaded[self.SOURCES][name]
@@ -229,6 +241,14 @@ class SavePoint:
 
 
 _EPOCH, _INDEX, _PREFIX = ShardUnits.EPOCH, ShardUnits.INDEX, ShardUnits.PREFIX
+
+
+def _holds(rows: np.ndarray, row: np.ndarray) -> bool:
+    """Do ``rows`` hold the document of ``row`` (same source, epoch, unit, pos)?"""
+    if not len(rows):
+        return False
+    key = [0, 2, 3, 4]
+    return bool((rows[:, key] == row[key]).all(axis=1).any())
 
 
 def again_of(src: np.ndarray, length: np.ndarray, used: np.ndarray, n: int) -> List[int]:

@@ -1,0 +1,177 @@
+"""Long documents mixed in pieces (pipes/pieces.py) and appended back together by the best-fit packer."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from tokenloom.pipes import BestFitPack, ReadParquet, ShardUnits, Tokenize, list_parquet_units, load_encoder, \
+    resolve_files
+from tokenloom.pipes.base import Node
+from tokenloom.pipes.items import TokenDoc
+from tokenloom.pipes.mix import Mix
+from tokenloom.pipes.pieces import Pieces
+
+from tokenloom.pipes.pack import _packcore_py, core as pack_core
+
+from .resume import check_node_resume
+from .test_packing_ramp import with_core
+
+T = 63
+C = T + 1
+B = 100_000  # b's first document number
+
+
+class Docs(Node[TokenDoc]):
+    """An endless in-memory source: its document k (lengths cycled) holds the token ids
+    ``(first + k) * 10_000 + [0, n)``, so every token says which document it is of, and where."""
+
+    AT = "at"
+    STATE_KEYS = (AT,)
+
+    def __init__(self, name: str, lengths: List[int], first: int):
+        super().__init__()
+        self.name, self.lengths, self.first = name, lengths, first
+        self._at = 0
+
+    def reset(self, initial_state: Optional[Dict[str, Any]] = None) -> None:
+        self._at = 0 if initial_state is None else int(initial_state[self.AT])
+
+    def next(self) -> TokenDoc:
+        k = self._at
+        self._at += 1
+        n = self.lengths[k % len(self.lengths)]
+        ids = ((self.first + k) * 10_000 + np.arange(n)).astype(np.int32)
+        return TokenDoc(ids, self.name, unit=0, pos=k)
+
+    def get_state(self) -> Dict[str, Any]:
+        return {self.AT: self._at}
+
+
+def mixed(lengths_a, lengths_b, *, pieces: bool = True, weights=None, **packer):
+    a, b = Docs("a", lengths_a, 0), Docs("b", lengths_b, B)
+    feeds = {"a": Pieces(a, piece=C), "b": Pieces(b, piece=C)} if pieces else {"a": a, "b": b}
+    mix = Mix(feeds, weights=weights or {"a": 0.5, "b": 0.5})
+    return BestFitPack(mix, seq_len=T, buffer_size=packer.pop("buffer_size", 50), **packer)
+
+
+def check_rows(rows) -> Dict[int, List[int]]:
+    """Every segment is a run of one document's consecutive tokens and each document comes in
+    order from its start, nothing repeated: returns each document's tokens as delivered."""
+    got: Dict[int, List[int]] = {}
+    for row in rows:
+        at = 0
+        for n in row.seg_lens.tolist():
+            seg = row.tokens[at:at + n].astype(np.int64)
+            doc = int(seg[0]) // 10_000
+            assert (np.diff(seg) == 1).all() and int(seg[-1]) // 10_000 == doc, "a segment mixes documents"
+            toks = got.setdefault(doc, [])
+            assert int(seg[0]) % 10_000 == len(toks), f"document {doc} goes on at {seg[0] % 10_000}, not {len(toks)}"
+            toks.extend(seg.tolist())
+            at += n
+    return got
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(1, 5 * C), min_size=1, max_size=12), st.lists(st.integers(1, 9 * C), min_size=1,
+                                                                         max_size=12),
+       st.sampled_from([1, 4, 50]))
+def test_pieces_come_back_whole_and_cut_only_at_row_ends(la, lb, buffer_size):
+    packer = mixed(la, lb, buffer_size=buffer_size)
+    packer.reset()
+    rows = [packer.next() for _ in range(60)]
+    check_rows(rows)  # consecutive tokens, each document in order from its start
+    # a segment followed by anything in its row ends its document
+    for row in rows:
+        at = 0
+        for n in row.seg_lens.tolist()[:-1]:
+            at += n
+            last = int(row.tokens[at - 1])
+            doc, pos = divmod(last, 10_000)
+            src, k = (la, doc) if doc < B else (lb, doc - B)
+            assert pos == src[k % len(src)] - 1, f"document {doc} cut at {pos + 1} inside a row"
+
+
+def test_a_long_document_takes_turns_with_the_other_source():
+    # b's documents alternate 100 rows and 40 tokens; a's are 30 tokens. 50/50 by tokens.
+    def worst_from_row_60(packer, rows=300):
+        packer.reset()
+        b = total = worst = 0
+        for r in range(1, rows + 1):
+            row = packer.next()
+            for src, n in zip(row.sources, row.seg_lens.tolist()):
+                total += n
+                b += n if src == "b" else 0
+            if r >= 60:
+                worst = max(worst, abs(b / total - 0.5))
+        return worst
+
+    # what is left is the best-fit buffer's lag (up to 16 rows of a's short documents), not the long document
+    assert worst_from_row_60(mixed([30], [100 * C, 40])) < 0.15
+    # the control: whole documents, each long one drains alone
+    assert worst_from_row_60(mixed([30], [100 * C, 40], pieces=False)) > 0.45
+
+
+def test_the_stream_ends_after_the_document_in_pieces():
+    # b stops after its long document would be picked in part: Mix finishes it before ending
+    a, b = Docs("a", [20], 0), Docs("b", [10 * C], B)
+    mix = Mix({"a": Pieces(a, piece=C), "b": Pieces(b, piece=C)}, weights={"a": 0.5, "b": 0.5})
+    mix.reset()
+    docs = [mix.next() for _ in range(6)]
+    assert any(d.more for d in docs)
+    mix._ended = True  # what a stop rule does
+    rest = []
+    try:
+        while True:
+            rest.append(mix.next())
+    except StopIteration:
+        pass
+    assert rest and not rest[-1].more and len(rest[-1].ids) == 10 * C
+
+
+@pytest.fixture(scope="module")
+def parts(corpus, tok_path):
+    glob, _ = corpus
+    return list_parquet_units(resolve_files(glob), "text"), load_encoder(tok_path)
+
+
+def _branch(units, enc, shard, source):
+    node = ShardUnits(units.rows, shard=shard, num_shards=4, seed=3, epochs=None)
+    return Tokenize(ReadParquet(node, units, column="text", seed=3, source=source), enc, bos=0, batch_docs=8)
+
+
+def test_pieces_node_resumes_at_every_step(parts):
+    units, enc = parts
+    assert check_node_resume(lambda: Pieces(_branch(units, enc, 1, "x"), piece=9), max_steps=200) == 200
+    node = Pieces(_branch(units, enc, 1, "x"), piece=9)
+    node.reset()
+    assert sum(node.next().more for _ in range(200)) > 50  # most documents came in pieces
+
+
+def test_bestfit_over_pieces_resumes_at_every_step(parts):
+    units, enc = parts
+
+    def build():
+        mix = Mix({"x": Pieces(_branch(units, enc, 1, "x"), piece=C), "y": Pieces(_branch(units, enc, 2, "y"), piece=C)},
+                  weights={"x": 0.7, "y": 0.3})
+        return BestFitPack(mix, seq_len=T, buffer_size=20, max_wait=30)
+
+    assert check_node_resume(build, max_steps=120) == 120
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.integers(1, 5 * C), min_size=1, max_size=8), st.lists(st.integers(1, 9 * C), min_size=1,
+                                                                        max_size=8),
+       st.sampled_from([1, 4, 50]), st.sampled_from([3, 1000]))
+def test_c_core_and_python_twin_agree_on_pieces(la, lb, buffer_size, max_wait):
+    if pack_core.IMPLEMENTATION != "c":
+        pytest.fail("the C core was not built; install with a C compiler (pip install -e .)")
+    out = []
+    for impl in (pack_core._core, _packcore_py):
+        packer = with_core(mixed(la, lb, buffer_size=buffer_size, max_wait=max_wait), impl)
+        packer.reset()
+        out.append([(r.tokens.tolist(), r.seg_lens.tolist()) for r in (packer.next() for _ in range(40))])
+    assert out[0] == out[1]
