@@ -9,6 +9,7 @@ from .sources.memory import FromList
 from .mix import Mix
 from .pack.bestfit import BestFitPack
 from .pack.flat import FlatPack
+from .pieces import Pieces
 from .sources.parquet import ReadParquet, UnitTable, list_parquet_units
 from .sources.readers import SourcePlan, plan_source
 from .schedule import StepClock
@@ -21,7 +22,7 @@ from .tokenizer import Encoder, load_encoder
 
 __all__ = [
     "Batch", "BestFitPack", "Doc", "Encoder", "EpochPlan", "FlatPack", "FromList", "LineUnitTable", "Mix", "Node",
-    "NodeDataset", "ReadJsonl", "ReadParquet", "ReadText", "Row", "ShardContext", "ShardUnits", "SourceFile",
+    "NodeDataset", "Pieces", "ReadJsonl", "ReadParquet", "ReadText", "Row", "ShardContext", "ShardUnits", "SourceFile",
     "SourcePlan", "StateError", "StepClock", "TokenDoc", "Tokenize", "TokenLoomLoader", "UnitTable", "WithStats",
     "WorkSlice", "collate_rows", "fingerprint_files", "format_stats", "list_jsonl_units", "list_parquet_units",
     "list_text_units", "load_encoder", "plan_epoch", "plan_shards", "plan_source", "resolve_files",
