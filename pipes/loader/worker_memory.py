@@ -24,7 +24,6 @@ Without glibc (macOS, musl) nothing is changed.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import logging
 from typing import Optional
 
@@ -37,11 +36,11 @@ MMAP_THRESHOLD_BYTES = 128 * 1024
 
 
 def _glibc() -> Optional[ctypes.CDLL]:
-    name = ctypes.util.find_library("c")
-    if not name:
-        return None
+    # The process's own symbols (dlopen(NULL)) hold the C library it runs on; not
+    # ctypes.util.find_library("c"), which runs ldconfig in a subprocess: 2-10 ms of every
+    # freshly forked worker's start.
     try:
-        libc = ctypes.CDLL(name)
+        libc = ctypes.CDLL(None)
         libc.gnu_get_libc_version  # noqa: B018 - present only in glibc
     except (OSError, AttributeError):
         return None
