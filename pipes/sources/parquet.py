@@ -35,7 +35,10 @@ still being the one named: 200 objects behind 100 ms of latency per request list
 2.4 s instead of 51 s one by one (moto's S3 on loopback behind benchmarks/remote.py's
 proxy; 64 at a time is no faster). Their bytes, up to ``SHIP_FOOTERS`` (8 MiB) a source,
 go to the loader workers with the units, so a worker reads no footer before its first
-row groups (readahead.py).
+row groups (readahead.py). The files listing opened for them (each open is pyarrow's size lookup,
+a round trip) stay open until the recipe has fetched, in the process that builds the loader, the
+first row groups of its workers' shards (`start_first_fetches`): a worker starts with them in its
+memory instead of opening its files and fetching them, two round trips after it starts.
 A file that does not end with ``PAR1`` is called truncated only if it starts with it.
 """
 
