@@ -400,15 +400,18 @@ def _plan_sources(named: Mapping[str, Any], tokenizer: Any, *, columns: Mapping[
     return plans, encoder
 
 
-def _start_first_fetches(plans: Sequence[SourcePlan], rank: int, workers: int, num_shards: int, seed: int,
+def _start_first_fetches(plans: Sequence[SourcePlan], rank: int, num_workers: int, num_shards: int, seed: int,
                          epochs: Optional[int]) -> None:
     """Fetch the first row groups this rank's workers will read of each remote parquet source, in the
     background from now on (`start_first_fetches`, parquet.py): they come with the workers' memory
-    instead of two round trips after each worker starts. The sharders as `PackedGraph` makes them."""
+    instead of two round trips after each worker starts, and this process lets go of them once it has
+    forked the workers. The sharders as `PackedGraph` makes them."""
+    workers = max(num_workers, 1)
     for plan in plans:
         if plan.fmt == "parquet":
             start_first_fetches(plan.units, plan.column, shards=[rank * workers + w for w in range(workers)],
-                                num_shards=num_shards, seed=seed, epochs=epochs if len(plans) == 1 else None)
+                                num_shards=num_shards, seed=seed, epochs=epochs if len(plans) == 1 else None,
+                                forks=num_workers or None)
 
 
 def packed_loader(
@@ -484,7 +487,7 @@ def packed_loader(
     for plan in plans:
         check_shardable(plan.total_rows, num_shards, f"source {plan.name!r}")
     if cache is None:  # a token cache reads no text
-        _start_first_fetches(plans, rank, max(num_workers, 1), num_shards, seed, epochs)
+        _start_first_fetches(plans, rank, num_workers, num_shards, seed, epochs)
     _warn_shared_files(plans)
 
     bos_id = resolve_special(encoder, bos, default_bos=chat is None)

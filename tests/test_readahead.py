@@ -497,10 +497,11 @@ def _child_takes(first, keys, out):
 def test_a_fork_waits_for_the_first_fetches_in_flight(slow_store):
     """Loader workers forked while the first fetches are on their way get all of them: the fork waits
     for the requests in flight (else the bytes would not be in the child's memory, and a new S3 client
-    in the child would wait forever for the parent's requests)."""
+    in the child would wait forever for the parent's requests). The parent lets go of them after as
+    many forks as it has workers."""
     uri, _ = slow_store
     units = list_parquet_units(resolve_files(uri("slow-b")), "text")
-    first = parquet_mod.start_first_fetches(units, "text", shards=[0, 1], num_shards=2, seed=3, epochs=2)
+    first = parquet_mod.start_first_fetches(units, "text", shards=[0, 1], num_shards=2, seed=3, epochs=2, forks=1)
     keys = _first_units(units, [0, 1], 2, 3, 2)
     ctx = multiprocessing.get_context("fork")
     out = ctx.Queue()
@@ -508,4 +509,5 @@ def test_a_fork_waits_for_the_first_fetches_in_flight(slow_store):
     child.start()  # at once: the fetches take at least LATENCY
     assert out.get(timeout=60) == len(keys) > 0
     child.join(30)
+    assert all(first.size(k) is None and first.take(k) is None for k in keys)  # one fork: let go of in the parent
     assert pickle.loads(pickle.dumps(units)).handles is None  # a spawned worker gets the bytes, not the handles

@@ -273,10 +273,12 @@ def list_parquet_units(files: Sequence[SourceFile], column: str, *, require: Opt
 
 
 def start_first_fetches(units: UnitTable, column: str, *, shards: Sequence[int], num_shards: int, seed: int,
-                        epochs: Optional[int], readahead: Optional[int] = None) -> Optional[FirstFetches]:
+                        epochs: Optional[int], readahead: Optional[int] = None,
+                        forks: Optional[int] = None) -> Optional[FirstFetches]:
     """Start fetching, in this process, the first units ``shards`` will read of a remote source whose
     footers are shipped (`FirstFetches`, readahead.py): up to `FIRST_UNITS` per shard and `FIRST_BYTES`
-    in all, with the handles listing opened (closed once fetched). ``units.first`` is set; None when
+    in all, with the handles listing opened (closed once fetched); the bytes are let go after ``forks``
+    forks of this process (the loader's workers; None: kept). ``units.first`` is set; None when
     nothing is fetched (local files, read-ahead off, footers not shipped, or no handles)."""
     from .readahead import FIRST_BYTES, FIRST_UNITS, chunk_ranges
 
@@ -311,7 +313,7 @@ def start_first_fetches(units: UnitTable, column: str, *, shards: Sequence[int],
                 break
             total += n
             items.append(((i, rg), handles[i], units.files[i].size, ranges))
-        units.first = FirstFetches(items, close=handles) if items else None
+        units.first = FirstFetches(items, close=handles, forks=forks) if items else None
         return units.first
     except Exception:  # noqa: BLE001 - only an early start: the workers fetch what is not here
         log.debug("no first fetches", exc_info=True)

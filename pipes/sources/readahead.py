@@ -360,15 +360,19 @@ class FirstFetches:
     it: what comes does not change). A fork waits until the requests in flight have ended (at most
     ``FIRST_WAIT`` s): the bytes are then in the child's copy of the memory, and no S3 client of the
     parent is mid-request (a child's new client would wait for those requests forever). A spawned
-    worker gets the bytes fetched so far with the pickled units. The bytes stay in the building process
-    as long as the units (at most ``FIRST_BYTES`` a source).
+    worker gets the bytes fetched so far with the pickled units. The building process lets go of the
+    bytes (at most ``FIRST_BYTES`` a source) once it has forked ``forks`` times (its loader's workers):
+    so they are not held for the run, nor handed to workers started again later (a second pass without
+    persistent workers fetches its own, as the files are then).
     """
 
-    def __init__(self, items: Sequence[Tuple[Key, Any, int, List[Tuple[int, int]]]], close: Sequence[Any] = ()):
+    def __init__(self, items: Sequence[Tuple[Key, Any, int, List[Tuple[int, int]]]], close: Sequence[Any] = (),
+                 forks: Optional[int] = None):
         self._cond = threading.Condition(threading.Lock())
         self._chunks: Dict[Key, Tuple[int, List[Tuple[int, bytes]]]] = {}
         self._sizes = {key: sum(n for _, n in ranges) for key, _, _, ranges in items}
         self._left = 0
+        self.forks_left = forks
         self.errors = 0
         parts = [(key, handle, size, off, n) for key, handle, size, ranges in items for off, n in _parts(ranges)]
         if not parts:
@@ -424,6 +428,16 @@ class FirstFetches:
         with self._cond:
             return self._cond.wait_for(lambda: self._left == 0, timeout)
 
+    def forked(self) -> None:
+        """In the building process, after a fork: past ``forks`` of them, let go of the bytes."""
+        if self.forks_left is None:
+            return
+        self.forks_left -= 1
+        if self.forks_left <= 0:
+            with self._cond:
+                self._chunks.clear()
+                self._sizes.clear()
+
     def __getstate__(self) -> Dict[str, Any]:
         with self._cond:
             chunks = dict(self._chunks)
@@ -433,7 +447,7 @@ class FirstFetches:
         self._cond = threading.Condition(threading.Lock())
         self._chunks = state["chunks"]
         self._sizes = {key: sum(len(d) for _, d in chunks) for key, (_, chunks) in self._chunks.items()}
-        self._left, self.errors = 0, 0
+        self._left, self.errors, self.forks_left = 0, 0, None
 
 
 def _close_all(handles: Sequence[Any]) -> None:
@@ -453,7 +467,14 @@ def _before_fork() -> None:
         ff.wait(max(0.0, deadline - time.monotonic()))
 
 
-os.register_at_fork(before=_before_fork)
+def _after_fork_in_parent() -> None:
+    with _POOL_LOCK:
+        live = list(_FIRST_LIVE)
+    for ff in live:
+        ff.forked()
+
+
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent)
 
 
 class _LaterHandle:
