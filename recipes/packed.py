@@ -32,6 +32,7 @@ from tokenloom.pipes.mix import STOPS, STRATEGIES, UNITS, Mix
 from tokenloom.pipes.pack.bestfit import BestFitPack
 from tokenloom.pipes.pack.flat import FlatPack
 from tokenloom.pipes.pack.stats import PACK_STAT_KEYS
+from tokenloom.pipes.pieces import Pieces
 from tokenloom.pipes.loader.rank_sync import RankSync, gloo_sync_from_dist
 from tokenloom.pipes.loader.wire_ring import uses_fork
 from tokenloom.pipes.sources.cache import attach_cache
@@ -293,11 +294,15 @@ class PackedGraph:
                 branches[plan.name] = RenderChat(node, self.encoder, template=self.chat, max_tokens=self.seq_len + 1,
                                                  long=self.long_conversations)
                 renderers.append(branches[plan.name])
+        feeds: Mapping[str, Any] = branches
+        if self.packing == "bestfit" and not single and self.chat is None:
+            # Long documents reach the mixer in pieces of a row, so the shares hold early (pipes/pieces.py).
+            feeds = {n: Pieces(b, piece=self.seq_len + 1) for n, b in branches.items()}
         clock = StepClock(ctx.worker, ctx.num_workers, base=ctx.elastic[STEP] if ctx.elastic else 0)
         if single:
             mixed, mixer = branches[self.plans[0].name], None
         else:
-            mixer = mixed = Mix(branches, weights=self.weights, strategy=self.mix, unit=self.weights_unit,
+            mixer = mixed = Mix(feeds, weights=self.weights, strategy=self.mix, unit=self.weights_unit,
                                 stop=self.stop, cycle_exhausted=self.cycle_exhausted, passes=self.epochs or 1,
                                 first_epoch=first_epoch,
                                 pattern=self.pattern, burst=self.burst, seed=self.seed, shard=ctx.shard, clock=clock)
