@@ -175,3 +175,31 @@ def test_c_core_and_python_twin_agree_on_pieces(la, lb, buffer_size, max_wait):
         packer.reset()
         out.append([(r.tokens.tolist(), r.seg_lens.tolist()) for r in (packer.next() for _ in range(40))])
     assert out[0] == out[1]
+
+
+def test_pretrain_mixes_a_long_document_in_pieces(tmp_path, tok_path, monkeypatch):
+    """The recipe wires Pieces for bestfit with several sources: b's one document of ~470 rows takes
+    turns with a's short ones (whole, it drains alone and b's share climbs past 0.9)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    import tokenloom.recipes.packed as packed
+    from tokenloom.recipes import pretrain
+
+    words = " ".join(f"w{i % 997}" for i in range(12_000))
+    pq.write_table(pa.table({"text": [f"note {i} on the short side." for i in range(3000)]}), tmp_path / "a.parquet")
+    pq.write_table(pa.table({"text": [words] + [f"another line {i}" for i in range(300)]}), tmp_path / "b.parquet")
+
+    def worst_share_of_b():
+        loader = pretrain({"a": str(tmp_path / "a.parquet"), "b": str(tmp_path / "b.parquet")}, tokenizer=tok_path,
+                          seq_len=T, batch_size=2, weights={"a": 0.5, "b": 0.5}, num_workers=0)
+        it, worst = iter(loader), 0.0
+        for k in range(150):
+            next(it)
+            if k >= 20:
+                worst = max(worst, abs(loader.stats()["sources"]["b"]["share"] - 0.5))
+        return worst
+
+    assert worst_share_of_b() < 0.15
+    monkeypatch.setattr(packed, "Pieces", lambda parent, piece: parent)  # the control: whole documents
+    assert worst_share_of_b() > 0.3
