@@ -60,4 +60,8 @@ def format_stats(stats: Dict[str, Any]) -> str:
             diff = 100 * (s["share"] - s["target"])
             lines.append(f"{name:<16}{s['tokens']:>14,}{s['documents']:>12,}{s['epochs']:>8}"
                          f"{100 * s['target']:>8.2f}%{100 * s['share']:>8.2f}%{diff:>+7.2f}")
+        ahead = {n: s["readahead"] for n, s in sources.items() if (s.get("readahead") or {}).get("peak_bytes")}
+        if ahead:
+            lines.append("read-ahead: " + ", ".join(f"{n} {a['bytes'] / 2**20:.1f} MiB held ({a['peak_bytes'] / 2**20:.1f} "
+                                                    "peak)" for n, a in ahead.items()))
     return "\n".join(lines)

@@ -99,8 +99,12 @@ def dist_rank_world(rank: Optional[int], world_size: Optional[int]) -> tuple:
     return int(rank), int(world_size)
 
 
+#: Per source, read-ahead memory (readahead.py): bytes held now and the most held, summed over workers.
+READAHEAD_STAT_KEYS = ("readahead_bytes", "readahead_peak_bytes")
+
+
 def stat_keys(names: Sequence[str], chat: bool = False) -> List[str]:
-    keys = list(PACK_STAT_KEYS) + [f"source/{n}/{k}" for n in names for k in SOURCE_STAT_KEYS]
+    keys = list(PACK_STAT_KEYS) + [f"source/{n}/{k}" for n in names for k in SOURCE_STAT_KEYS + READAHEAD_STAT_KEYS]
     if chat:
         return keys + [f"conversations/{k}" for k in RenderChat.COUNT_KEYS]
     return keys + [f"source/{n}/{TOKENIZED}" for n in names]
@@ -231,6 +235,8 @@ class PackedStatsView:
                 "passes": passes[n],
                 "target": self.schedule[era][1][n],
                 "share": flat[f"source/{n}/tokens"] / total if total else 0.0,
+                "readahead": {"bytes": flat[f"source/{n}/readahead_bytes"],
+                              "peak_bytes": flat[f"source/{n}/readahead_peak_bytes"]},
             }
             for n in self.names
         }
@@ -328,6 +334,9 @@ class PackedGraph:
                 epochs = passes[n]["epochs"] if passes is not None else \
                     max(shards[n].next_epoch() - shards[n].first_epoch, 0)
                 out += [tokens, docs, epochs, getattr(readers[n], "skipped", 0)]  # text readers never skip
+                ahead = getattr(readers[n], "readahead_stats", None)
+                ahead = ahead() if ahead is not None else None
+                out += [ahead["held_bytes"], ahead["peak_bytes"]] if ahead else [0, 0]
             if renderers:
                 per = [r.counts() for r in renderers]
                 out += [sum(c[k] for c in per) for k in RenderChat.COUNT_KEYS]

@@ -33,6 +33,7 @@ from tokenloom.pipes.sources import parquet as parquet_mod
 from tokenloom.pipes.sources import readahead
 from tokenloom.pipes.sources.cache import build_cache
 from tokenloom.pipes.sources.files import process_fs
+from tokenloom.pipes.stats import format_stats
 from tokenloom.recipes import pretrain
 
 from .conftest import synthetic_texts, write_corpus
@@ -116,6 +117,24 @@ def test_local_loader_batches_equal_with_readahead_forced_on(local, tok_path, mo
     assert len(got) == len(want) > 10
     for j, (a, b) in enumerate(zip(want, got)):
         assert items_equal(a, b), f"batch {j} differs with read-ahead on"
+
+
+def test_readahead_memory_is_reported_in_stats(local, tok_path, monkeypatch):
+    glob, _ = local
+    monkeypatch.setenv(readahead.ENV, "all")
+    monkeypatch.setenv(readahead.ENV_BYTES, "30K")
+    loader = pretrain({"web": glob}, tokenizer=tok_path, seq_len=127, batch_size=4, buffer_size=24, num_workers=2)
+    it = iter(loader)
+    for _ in range(6):
+        next(it)
+    ahead = loader.stats()["sources"]["web"]["readahead"]
+    # each worker's peak is within its budget (a unit larger than the budget is fetched alone)
+    assert 0 < ahead["peak_bytes"] and 0 <= ahead["bytes"] <= ahead["peak_bytes"]
+    assert "read-ahead: web" in format_stats(loader.stats())
+    monkeypatch.setenv(readahead.ENV, "0")
+    loader = pretrain({"web": glob}, tokenizer=tok_path, seq_len=127, batch_size=4, buffer_size=24, num_workers=0)
+    next(iter(loader))
+    assert loader.stats()["sources"]["web"]["readahead"] == {"bytes": 0, "peak_bytes": 0}
 
 
 def test_local_loader_resume_with_readahead_forced_on(local, tok_path, monkeypatch):
