@@ -267,17 +267,19 @@ class TokenloomLoader(Loader):
     def build(self):
         from tokenloom.recipes import pretrain
 
-        self.bos = self._bos()
-        self.loader = pretrain(self.ctx["files"], tokenizer=self.ctx["tokenizer"], bos=BOS, seq_len=T, batch_size=B,
+        # The encoder loaded once, inside the clock, for the BOS id and the loader (a path would load it twice)
+        enc = self._encoder()
+        self.bos = enc.token_id(BOS)
+        self.loader = pretrain(self.ctx["files"], tokenizer=enc, bos=BOS, seq_len=T, batch_size=B,
                                packing=self.packing, buffer_size=BUFFER, num_workers=WORKERS,
                                cache=self.ctx["cache_dir"] if self.cache else None)
 
-    def _bos(self) -> int:
+    def _encoder(self):
         from tokenloom.pipes.tokenizer import load_encoder
 
         enc = load_encoder(self.ctx["tokenizer"])
         self.engine = "none (token cache)" if self.cache else enc.engine
-        return enc.token_id(BOS)
+        return enc
 
     def batches(self):
         return iter(self.loader)
