@@ -12,6 +12,7 @@ and a forked process reads S3 through its own connections.
 from __future__ import annotations
 
 import importlib.util
+import json
 import multiprocessing
 import os
 import pickle
@@ -530,3 +531,69 @@ def test_a_fork_waits_for_the_first_fetches_in_flight(slow_store):
     child.join(30)
     assert all(first.size(k) is None and first.take(k) is None for k in keys)  # one fork: let go of in the parent
     assert pickle.loads(pickle.dumps(units)).handles is None  # a spawned worker gets the bytes, not the handles
+
+
+# --- line units (jsonl, text): unit_readahead.py -------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def line_files(s3, tmp_path_factory):
+    """The S3 fixture's texts as 12 jsonl files and 8 text files (a paragraph per document; a file is a
+    unit), on local disk and in the bucket under ``lines/``. Returns (local dir, s3 prefix)."""
+    endpoint, access, secret, _, texts = s3
+    local = tmp_path_factory.mktemp("lines")
+    for i in range(12):
+        with open(local / f"part-{i:02d}.jsonl", "w") as f:
+            f.writelines(json.dumps({"text": t}) + "\n" for t in texts[i::12])
+    for i in range(8):
+        (local / f"part-{i:02d}.txt").write_text("\n\n".join(texts[i::8]) + "\n")
+    client = boto3.client("s3", endpoint_url=f"http://{endpoint}", region_name="us-east-1", aws_access_key_id=access,
+                          aws_secret_access_key=secret)
+    for p in sorted(os.listdir(local)):
+        client.put_object(Bucket=BUCKET, Key=f"lines/{p}", Body=(local / p).read_bytes())
+    return str(local), "lines"
+
+
+LINE_ARGS = dict(seq_len=127, batch_size=4, buffer_size=24, seed=4, text_mode="paragraphs")
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "txt"])
+def test_line_units_on_s3_read_ahead_equal_local_and_synchronous(s3, creds, tok_path, line_files, kind):
+    local, prefix = line_files
+    remote = _uri(s3, f"{BUCKET}/{prefix}/*.{kind}")
+    args = dict(epochs=1, num_workers=2, **LINE_ARGS)
+    on_disk = list(pretrain(os.path.join(local, f"*.{kind}"), tokenizer=tok_path, **args))
+    loader = pretrain(remote, tokenizer=tok_path, **args)
+    ahead = list(loader)
+    creds.setenv(readahead.ENV, "0")
+    sync = list(pretrain(remote, tokenizer=tok_path, **args))
+    assert len(ahead) == len(sync) == len(on_disk) > 10
+    for j, (a, b, c) in enumerate(zip(on_disk, ahead, sync)):
+        assert items_equal(a, b) and items_equal(a, c), f"batch {j} of the {kind} files on S3 differs from local disk"
+    stats = loader.stats()["sources"]["default"]["readahead"]
+    assert stats["peak_bytes"] > 0, "nothing was fetched ahead"
+
+
+def test_line_units_read_ahead_resume_exactly_at_every_step(tok_path, line_files, monkeypatch):
+    local, _ = line_files
+    monkeypatch.setenv(readahead.ENV, "all")
+    monkeypatch.setenv(readahead.ENV_BYTES, "3K")  # about a unit ahead
+    files = {"j": os.path.join(local, "*.jsonl"), "t": os.path.join(local, "*.txt")}
+    check_loader_resume(lambda: pretrain(files, tokenizer=tok_path, num_workers=2, **LINE_ARGS), steps=[1, 5], total=10)
+
+
+def test_line_unit_fetch_error_names_the_unit(line_files, monkeypatch):
+    from tokenloom.pipes.sources.text_files import list_text_units
+    from tokenloom.pipes import ReadText
+
+    local, _ = line_files
+    monkeypatch.setenv(readahead.ENV, "all")
+    units = list_text_units(resolve_files(os.path.join(local, "*.txt"), "txt"), mode="paragraphs")
+    node = ReadText(ShardUnits(units.rows, shard=0, num_shards=1, seed=1, epochs=1), units, source="t")
+    node.reset()
+    victim = [s.unit for s in node._cursor.parent.ahead()][1]  # the first unit is read inline, the next ahead
+    real = node._bytes.ahead.opener
+    node._bytes.ahead.opener = lambda i: (_ for _ in ()).throw(OSError("connection reset")) if i == int(
+        units.file[victim]) else real(i)
+    with pytest.raises(RuntimeError, match=r"cannot read .*part-\d+\.txt.*connection reset"):
+        for _ in range(400):
+            next(node)

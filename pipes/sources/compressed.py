@@ -148,6 +148,9 @@ class CompressedUnitBytes(UnitBytes):
         self._compressed = [compression_of(f.path) is not None for f in units.files]
         self._ranges = DecompressedRanges(units.files)
 
+    def fetchable(self, u: int) -> bool:
+        return not self._compressed[int(self.units.file[u])]
+
     def read(self, u: int) -> bytes:
         if not self._compressed[int(self.units.file[u])]:
             return super().read(u)

@@ -291,6 +291,10 @@ class ReadJsonl(CursorReader, SkipCount, Node[Doc]):
         else:
             self._cursor.reset(initial_state[self.PARENT], initial_state[self.ROW])
             self._skipped = int(initial_state[self.SKIPPED])
+        self._bytes.plan_from(self._cursor.parent)
+
+    def readahead_stats(self) -> Optional[Dict[str, Any]]:
+        return self._bytes.readahead_stats()
 
     def next(self) -> Doc:
         while True:

@@ -276,9 +276,36 @@ class UnitBytes:
     def __init__(self, units: LineUnitTable):
         self.units = units
         self._open = OpenFiles(self.OPEN_FILES)
+        self.ahead: Any = None  # UnitReadAhead once planned; False: reading synchronously
 
     def read(self, u: int) -> bytes:
+        if self.ahead and self.fetchable(u):
+            return self._checked(u, lambda i, start, end: self.ahead.read(u, lambda: self._range(i, start, end)))
         return self._checked(u, self._range)
+
+    def fetchable(self, u: int) -> bool:
+        """Can unit ``u`` be read ahead as one byte range of its file?"""
+        return True
+
+    def plan_from(self, parent: Any) -> None:
+        """At a reader's reset: on remote storage, read the units ``parent`` (a `ShardUnits`) emits
+        next ahead, from its position (unit_readahead.py)."""
+        if self.ahead is None:
+            from .readahead import budget_for
+            from .unit_readahead import UnitReadAhead
+
+            t = self.units
+            budget = budget_for({id(f.fs): f.fs for f in t.files}.values()) if hasattr(parent, "ahead") else 0
+            self.ahead = UnitReadAhead(
+                lambda i: t.files[i].open_unchanged(), lambda u: (int(t.file[u]), int(t.start[u]), int(t.end[u])),
+                lambda: (s.unit if self.fetchable(s.unit) else None for s in parent.ahead()),
+                budget=budget) if budget else False
+        if self.ahead:
+            self.ahead.restart()
+
+    def readahead_stats(self) -> Optional[Dict[str, Any]]:
+        """What the read-ahead fetched (None: reading synchronously)."""
+        return self.ahead.stats() if self.ahead else None
 
     def _range(self, i: int, start: int, end: int) -> bytes:
         h = self._open.get(i, lambda i: self.units.files[i].open_unchanged())
@@ -474,6 +501,10 @@ class ReadText(CursorReader, Node[Doc]):
             self._cursor.reset(None, 0)
         else:
             self._cursor.reset(initial_state[self.PARENT], initial_state[self.ROW])
+        self._bytes.plan_from(self._cursor.parent)
+
+    def readahead_stats(self) -> Optional[Dict[str, Any]]:
+        return self._bytes.readahead_stats()
 
     def next(self) -> Doc:
         s, row = self._cursor.next()

@@ -1,0 +1,166 @@
+"""Read-ahead of line units (jsonl, json arrays, text) for remote and slow storage.
+
+A line unit is one byte range of one file, known from listing (`LineUnitTable`), and the
+sharder's plan says which units a reader loads next (`ShardUnits.ahead`). Read
+synchronously, every unit costs the worker a request's latency and transfer between two
+stretches of tokenizing: behind 100 ms, a jsonl source of 256 KiB units gave ~0.1x local
+disk's tokens/s, as parquet did before its read-ahead (readahead.py). Here the next units
+are fetched by the process's read-ahead threads (the pool readahead.py keeps per process),
+each with one positional read of its range (``read_at``, safe from several threads on
+pyarrow's files), so the reader finds its unit's bytes in memory.
+
+The same rules as for row groups: the reader asks for the same units in the same order and
+gets the listed range of the listed file either way, only earlier; nothing fetched is in the
+state, and a restore plans from the restored position; bytes fetched and not yet taken are
+bounded by the reader's budget (``TOKENLOOM_READAHEAD_BYTES``, 64 MiB by default, reserved in
+the reader's order, a unit larger than the budget fetched alone) and at most ``DEPTH`` units;
+an error while fetching a unit is raised when the reader reaches it, naming the unit. Units of
+compressed files are read as before (their ranges are offsets in the decompressed stream).
+Fetches start with the reader's first read in its process, so a graph that is only built and
+reset (the training process before the workers fork) fetches nothing.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict, deque
+from concurrent.futures import Future
+from typing import Any, Callable, Deque, Dict, Iterable, Iterator, Optional
+
+from .readahead import DEPTH, OPEN_FILES, _pool
+
+
+class UnitReadAhead:
+    """Fetches the byte ranges of the units a reader reads next (see the module docstring).
+
+    ``opener(file)`` opens file ``file`` (checking it is the listed one); ``ranges[u]`` is unit
+    ``u``'s ``(file, start, end)``; ``upcoming()`` gives the units the reader will read after the
+    one it reads now, in order (``None`` for one read some other way, a compressed file's).
+    """
+
+    def __init__(self, opener: Callable[[int], Any], ranges: Callable[[int], tuple],
+                 upcoming: Callable[[], Iterable[Optional[int]]], *, budget: int, depth: int = DEPTH):
+        if budget <= 0:
+            raise ValueError(f"{budget=} must be > 0 (0 is no read-ahead: read synchronously)")
+        self.opener, self.ranges, self.upcoming = opener, ranges, upcoming
+        self.budget, self.depth = int(budget), int(depth)
+        self._lock = threading.Lock()
+        self._files: "OrderedDict[int, Future]" = OrderedDict()  # file -> Future[handle]
+        self._ahead: Deque[int] = deque()
+        self._keys: Iterator[Optional[int]] = iter(())
+        self._pending: Dict[int, tuple] = {}  # unit -> (Future[bytes], size)
+        self._held = 0
+        self._planned = False
+        self._last: tuple = (None, b"")  # the unit read last and its bytes: consecutive slices of one unit
+        self.counts = {"ready": 0, "waited": 0, "inline": 0, "peak_bytes": 0, "fetched_bytes": 0}
+
+    def restart(self) -> None:
+        """Forget the plan: the next read plans from the reader's position then."""
+        with self._lock:
+            self._drop_all()
+            self._planned = False
+            self._last = (None, b"")
+
+    def read(self, u: int, inline: Callable[[], bytes]) -> bytes:
+        """Unit ``u``'s bytes: fetched ahead, else ``inline()``. Raises what fetching raised."""
+        if self._last[0] == u:  # an elastic resume's one-row slices come sorted by unit
+            return self._last[1]
+        data = self._read(u, inline)
+        self._last = (u, data)
+        return data
+
+    def _read(self, u: int, inline: Callable[[], bytes]) -> bytes:
+        with self._lock:
+            if self._planned and u in self._ahead:
+                while True:
+                    k = self._ahead.popleft()
+                    if k == u:
+                        break
+                    self._drop(k)  # planned, but the reader went past it
+            else:  # not where the plan was (or the first read): plan from the reader's position
+                self._drop_all()
+                self._keys, self._planned = iter(self.upcoming()), True
+            got = self._pending.pop(u, None)
+            self._schedule()
+        if got is None:
+            self.counts["inline"] += 1
+            return inline()
+        fut, size = got
+        self.counts["ready" if fut.done() else "waited"] += 1
+        try:
+            return fut.result()
+        finally:
+            with self._lock:
+                self._held -= size
+                self._schedule()
+
+    def stats(self) -> Dict[str, Any]:
+        return {"budget_bytes": self.budget, "held_bytes": self._held, **self.counts}
+
+    # -- under self._lock
+
+    def _drop(self, u: int) -> None:
+        got = self._pending.pop(u, None)
+        if got is not None:
+            self._held -= got[1]  # its bytes, if they still come, are let go with the future
+
+    def _drop_all(self) -> None:
+        for u in list(self._pending):
+            self._drop(u)
+        self._ahead.clear()
+        self._keys = iter(())
+
+    def _schedule(self) -> None:
+        while len(self._ahead) < self.depth:
+            try:
+                k = next(self._keys)
+            except StopIteration:
+                break
+            if k is not None and (not self._ahead or self._ahead[-1] != k):
+                self._ahead.append(k)
+        pool = _pool()
+        for u in self._ahead:
+            if u in self._pending:
+                continue
+            file, start, end = self.ranges(u)
+            size = end - start
+            if self._held and self._held + size > self.budget:
+                break  # the budget goes to units in order
+            self._held += size
+            self.counts["peak_bytes"] = max(self.counts["peak_bytes"], self._held)
+            self.counts["fetched_bytes"] += size
+            fut: Future = Future()
+            self._pending[u] = (fut, size)
+            pool.submit(lambda fut=fut, file=file, start=start, size=size: self._fetch(fut, file, start, size))
+
+    # -- in a pool thread
+
+    def _handle(self, i: int) -> Any:
+        with self._lock:
+            fut = self._files.get(i)
+            mine = fut is None
+            if mine:
+                fut = self._files[i] = Future()
+                while len(self._files) > OPEN_FILES:
+                    old = next(iter(self._files))
+                    if old == i:
+                        break
+                    del self._files[old]
+            else:
+                self._files.move_to_end(i)
+        if mine:
+            try:
+                fut.set_result(self.opener(i))
+            except BaseException as e:  # noqa: BLE001 - raised where the reader reads the unit
+                fut.set_exception(e)
+                with self._lock:
+                    if self._files.get(i) is fut:  # a later unit of the file opens it again
+                        del self._files[i]
+        return fut.result()
+
+    def _fetch(self, fut: Future, file: int, start: int, size: int) -> None:
+        try:
+            data = self._handle(file).read_at(size, start)
+            fut.set_result(data if isinstance(data, bytes) else bytes(data))
+        except BaseException as e:  # noqa: BLE001 - raised where the reader reads the unit
+            fut.set_exception(e)
