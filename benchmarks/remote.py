@@ -71,6 +71,9 @@ BUCKET = "bench"
 SETTINGS = {"100ms-20MBps": (0.100, 20e6), "50ms-100MBps": (0.050, 100e6)}
 SAVE_AT = 40
 FIRST_SETTING = "100ms-20MBps"  # the setting of the targets
+#: The files' format: parquet (the default) or jsonl (``--format jsonl``: the same rows, a JSON line each;
+#: read ahead by unit_readahead.py). Children get it from the environment.
+FORMAT = os.environ.get("TOKENLOOM_BENCH_FORMAT", "parquet")
 TARGET_TOKENS, TARGET_FIRST = 0.95, 1.5
 CHUNK = 64 << 10
 TRACE = bool(os.environ.get("REMOTE_TRACE"))  # print every proxied request to the store's stderr
@@ -213,14 +216,30 @@ def corpus() -> Dict[str, List[str]]:
     from tokenloom.sample_data import build_demo_corpus
 
     built = build_demo_corpus(os.path.join(ROOT, "out", "bench", "corpus"))
-    return {k: sorted(built[k]) for k in WEIGHTS}
+    files = {k: sorted(built[k]) for k in WEIGHTS}
+    if FORMAT == "jsonl":
+        files = {k: [_as_jsonl(p, k) for p in v] for k, v in files.items()}
+    return files
+
+
+def _as_jsonl(path: str, kind: str) -> str:
+    """The rows of parquet file ``path`` as a jsonl file (written once)."""
+    import pyarrow.parquet as pq
+
+    out = os.path.join(ROOT, "out", "bench", "corpus_jsonl", kind, os.path.basename(path)[:-len(".parquet")] + ".jsonl")
+    if not os.path.exists(out):
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        with open(out + ".tmp", "w") as f:
+            f.writelines(json.dumps({"text": t}) + "\n" for t in pq.read_table(path, columns=["text"])["text"].to_pylist())
+        os.replace(out + ".tmp", out)
+    return out
 
 
 def sources(where: Any) -> Dict[str, str]:
     """Local paths (``where`` None) or the bucket behind proxy port ``where``."""
     if where is None:
-        return {k: os.path.join(os.path.dirname(v[0]), "*.parquet") for k, v in corpus().items()}
-    return {k: f"s3://{BUCKET}/{k}/*.parquet?endpoint_override=127.0.0.1:{where}&scheme=http&region=us-east-1"
+        return {k: os.path.join(os.path.dirname(v[0]), f"*.{FORMAT}") for k, v in corpus().items()}
+    return {k: f"s3://{BUCKET}/{k}/*.{FORMAT}?endpoint_override=127.0.0.1:{where}&scheme=http&region=us-east-1"
             for k in WEIGHTS}
 
 
@@ -367,6 +386,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                     help="what --before is, in the variants' names (its S3 run at 100 ms is added too)")
     ap.add_argument("--code", metavar="DIR", help="run the other variants with the code of this checkout (a frozen "
                     "copy, e.g. a git worktree, while the repository changes), its compiled packer included")
+    ap.add_argument("--format", choices=["parquet", "jsonl"], default="parquet",
+                    help="the files' format (jsonl: results in remote_jsonl.json and ## remote-jsonl)")
     ap.add_argument("--results-md", default=os.path.join(HERE, "RESULTS.md"))
     ap.add_argument("--no-write", action="store_true", help="print only")
     ap.add_argument("--render", action="store_true", help="write the plot and the RESULTS.md section from remote.json")
@@ -374,6 +395,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--task", help=argparse.SUPPRESS)
     ap.add_argument("--params", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    global FORMAT
+    if not (args.serve or args.task):
+        FORMAT = os.environ["TOKENLOOM_BENCH_FORMAT"] = args.format
+    name = "remote" if FORMAT == "parquet" else f"remote_{FORMAT}"
+    section = name.replace("_", "-")
     if args.serve:
         serve()
         return 0
@@ -381,12 +407,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(json.dumps(TASKS[args.task](**json.loads(args.params))))
         return 0
     if args.render:  # the plot and the RESULTS.md section again, from remote.json
-        with open(os.path.join(HERE, "remote.json")) as f:
+        with open(os.path.join(HERE, f"{name}.json")) as f:
             out = json.load(f)
-        plot(out, os.path.join(HERE, "remote.png"))
+        plot(out, os.path.join(HERE, f"{name}.png"))
         from results_md import write_section
 
-        write_section(args.results_md, "remote", markdown(out, out.get("command", "python benchmarks/remote.py")))
+        write_section(args.results_md, section, markdown(out, out.get("command", "python benchmarks/remote.py")))
         return 0
     rounds = args.rounds or (2 if args.quick else 8)
     batches = args.batches or (150 if args.quick else 300)
@@ -409,16 +435,17 @@ def main(argv: Optional[List[str]] = None) -> int:
     out = summarize(runs, saved, rounds, batches, args, load)
     out["machine"]["load_at_end"] = list(os.getloadavg())
     print(json.dumps(out, indent=2))
-    out["command"] = "python benchmarks/remote.py" + (" --quick" if args.quick else "") + \
+    out["command"] = "python benchmarks/remote.py" + (f" --format {FORMAT}" if FORMAT != "parquet" else "") + \
+        (" --quick" if args.quick else "") + \
         (f" --rounds {args.rounds}" if args.rounds else "") + (" --code WT_AFTER" if args.code else "") + \
         (f" --before WT_BEFORE --before-label '{args.before_label}'" if args.before else "")
     if not args.no_write:
-        with open(os.path.join(HERE, "remote.json"), "w") as f:
+        with open(os.path.join(HERE, f"{name}.json"), "w") as f:
             json.dump(out, f, indent=2)
-        plot(out, os.path.join(HERE, "remote.png"))
+        plot(out, os.path.join(HERE, f"{name}.png"))
         from results_md import write_section  # benchmarks/ is on sys.path when run as a script
 
-        write_section(args.results_md, "remote", markdown(out, out["command"]))
+        write_section(args.results_md, section, markdown(out, out["command"]))
     return 0
 
 
@@ -458,11 +485,14 @@ def summarize(runs: List[dict], saved: dict, rounds: int, batches: int, args: An
 
 def markdown(out: dict, command: str) -> str:
     s = out["setup"]
+    stem = "remote" if FORMAT == "parquet" else f"remote_{FORMAT}"
     lines = [
-        f"Command: `{command}` (writes `benchmarks/remote.json`, `benchmarks/remote.png`); {out['machine']['cpus']} CPUs, "
+        f"Command: `{command}` (writes `benchmarks/{stem}.json`, `benchmarks/{stem}.png`); {out['machine']['cpus']} CPUs, "
         f"load average {[round(x, 2) for x in out['machine']['load_at_start']]} at start, shared with other jobs. "
         "`pretrain` of the demo corpus as two sources (code: 4 files of 0.9-1.4 MB, 6-8 row groups each; prose: 5 "
-        "files of 22-460 KB, 1-8 row groups; a row group's text is 19-572 KB) mixed 60/40, bestfit, "
+        "files of 22-460 KB, 1-8 row groups; a row group's text is 19-572 KB) mixed 60/40, "
+        + ("written as jsonl (the same rows, a JSON line each; units of 1,000 lines, read ahead by "
+           "unit_readahead.py), " if FORMAT == "jsonl" else "") + "bestfit, "
         f"T={s['seq_len']}, B={s['batch_size']}, {s['workers']} workers; moto's S3 server on loopback behind a proxy "
         "that answers every request after the latency and paces each response at the bandwidth per connection "
         "(in a process of its own, on the same 2 cores: *store's CPU* is its share of them). "
@@ -508,7 +538,16 @@ def markdown(out: dict, command: str) -> str:
                   f"real store. First batch {on['first_s_best']:.2f} s, {on['first_s_vs_local_best']:.1f}x local's best "
                   f"({on['first_s_vs_local_in_round_median']:.1f}x within rounds; {off['first_s_vs_local_best']:.1f}x without "
                   f"read-ahead){before}; target {TARGET_FIRST}x: {first_verdict}.",
-                  "",
+                  ""]
+        if FORMAT == "jsonl":
+            lines.append(
+                "jsonl's first batch is its listing: a jsonl file's units are line ranges, so listing reads every "
+                "file whole to find them (15 MB here, at 20 MB/s a connection), where parquet's listing reads "
+                "footers, and `tokenloom index` covers parquet only. To start a remote corpus fast, keep it in "
+                "parquet or build a token cache (parquet too). Read-ahead is unit_readahead.py: one positional read "
+                "per unit of 1,000 lines.")
+        else:
+            lines.append(
                   "Where the first batch's time goes at 100 ms (requests traced through the proxy): the build lists "
                   "all sources at once (before: source after source, and a second S3 client waited for the first one's "
                   "requests in flight): a listing, then each file's open (pyarrow's size lookup) and its footer, 3 "
@@ -522,8 +561,8 @@ def markdown(out: dict, command: str) -> str:
                   "groups: 0.3 s without any CPU). The size lookup is pyarrow's: its Python API opens a file by path "
                   "only (a size from the listing reaches C++'s `OpenInputFile(FileInfo)` only through pyarrow.dataset "
                   "fragments, which give the decoded footer, not the bytes the resume fingerprint hashes; importing "
-                  "pyarrow.dataset alone takes ~0.2 s here)."]
-    lines += ["", "![remote](remote.png)"]
+                  "pyarrow.dataset alone takes ~0.2 s here).")
+    lines += ["", f"![{stem}]({stem}.png)"]
     return "\n".join(lines)
 
 
