@@ -203,3 +203,20 @@ def test_pretrain_mixes_a_long_document_in_pieces(tmp_path, tok_path, monkeypatc
     assert worst_share_of_b() < 0.15
     monkeypatch.setattr(packed, "Pieces", lambda parent, piece: parent)  # the control: whole documents
     assert worst_share_of_b() > 0.3
+
+
+def test_packers_that_cannot_join_pieces_refuse_them():
+    from tokenloom.pipes import FlatPack
+
+    def feed():
+        return Mix({"a": Pieces(Docs("a", [10 * C], 0), piece=C), "b": Pieces(Docs("b", [20], B), piece=C)})
+
+    flat = FlatPack(feed(), seq_len=T)
+    flat.reset()
+    with pytest.raises(ValueError, match="FlatPack got a piece of a document from source 'a'"):
+        for _ in range(5):
+            flat.next()
+    crop = BestFitPack(feed(), seq_len=T, mode="crop")
+    crop.reset()
+    with pytest.raises(ValueError, match=r"mode='crop'\) got a piece"):
+        crop.next()

@@ -309,6 +309,10 @@ class BestFitPack(Node[Row]):
                 held += slots.waiting(slot) - before
             elif n > used:  # an empty document (no BOS, no text) has nothing to place
                 more = getattr(doc, "more", False)
+                if more and self.mode != "bestfit":
+                    raise ValueError(f"BestFitPack(mode={self.mode!r}) got a piece of a document from source "
+                                     f"{doc.source!r} (pipes/pieces.py): crop would discard the pieces after it. "
+                                     "Feed it whole documents (no Pieces node), or use mode='bestfit'")
                 self._slot_of[seq] = slots.add(seq, doc.ids, used, doc.mask, doc.source, more)
                 if more:
                     self._open[doc.source] = seq

@@ -78,6 +78,10 @@ class FlatPack(Node[Row]):
                     self._doc = next(self.parent)
                 except StopIteration:
                     break
+                if getattr(self._doc, "more", False):
+                    raise ValueError(f"FlatPack got a piece of a document from source {self._doc.source!r} "
+                                     "(pipes/pieces.py): flat rows would end it mid-row. Feed FlatPack whole documents "
+                                     "(no Pieces node), or pack with BestFitPack(mode='bestfit')")
                 self._off, replayed, self._skip = self._skip, self._skip > 0, 0
                 if not replayed:
                     # used > 0: its first tokens were delivered before an elastic resume
