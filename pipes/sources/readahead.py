@@ -48,9 +48,9 @@ there is no latency to hide; ``all`` reads ahead from local files too, ``0`` now
 Measured on 2 cores (benchmarks/remote.py, RESULTS.md ``remote``: pretrain of two
 sources, 9 files of 1-8 row groups, T=2048, B=8, 2 workers; moto's S3 on loopback behind
 a proxy that answers each request after the latency and paces each connection; best of
-8 runs): behind 100 ms and 20 MB/s, 4.33 M tokens/s, 0.93x local disk's best (0.955x
-within rounds), where reading synchronously gave 0.44 M (0.10x); behind 50 ms and
-100 MB/s, 1.01x (synchronously 0.14x). The trade-off: a worker holds up to 64 MiB and
+4 runs on a quiet machine): behind 100 ms and 20 MB/s, 3.21 M tokens/s, 0.87x local disk's
+best (0.88x within rounds; under load, 0.89-0.96x), where reading synchronously gave 0.43 M
+(0.12x); behind 50 ms and 100 MB/s, 0.98x (synchronously 0.17x). The trade-off: a worker holds up to 64 MiB and
 16 units fetched ahead per source, spends ~2% more CPU per token (the store's own
 included), and may fetch units a restore then drops. First batch behind 100 ms: 0.66 s
 (5.3x local disk's 0.12 s; 3.7x within rounds) with the sources listed at once and the
