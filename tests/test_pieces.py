@@ -220,3 +220,24 @@ def test_packers_that_cannot_join_pieces_refuse_them():
     crop.reset()
     with pytest.raises(ValueError, match=r"mode='crop'\) got a piece"):
         crop.next()
+
+
+def test_a_document_in_pieces_is_finished_when_its_weight_goes_to_zero():
+    """A packer's slot waits for the rest of a document handed out in part: a schedule that takes the
+    source's weight to 0 must not leave it waiting for good."""
+    from tokenloom.pipes.schedule import StepClock
+
+    clock = StepClock()
+    a, b = Docs("a", [20], 0), Docs("b", [10 * C], B)
+    mix = Mix({"a": Pieces(a, piece=C), "b": Pieces(b, piece=C)}, clock=clock,
+              weights=[(0, {"a": 0.5, "b": 0.5}), (1, {"a": 1.0, "b": 0.0})])
+    mix.reset()
+    first = []
+    while not any(d.source == "b" for d in first):
+        first.append(mix.next())
+    assert first[-1].more  # b's document is in pieces
+    clock.batches = 1  # step 1: b's weight is 0 from now on
+    rest = [mix.next() for _ in range(20)]
+    pieces = [d for d in rest if d.source == "b"]
+    assert [d.source for d in rest] == ["b"] * 9 + ["a"] * 11  # its other nine pieces first, then a alone
+    assert not pieces[-1].more and len(pieces[-1].ids) == 10 * C
