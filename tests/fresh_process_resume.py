@@ -1,6 +1,7 @@
 """Run by test_fresh_process.py in a new interpreter: resume from a saved state.
 
 usage: fresh_process_resume.py resume STATE_FILE OUT_FILE NUM_WORKERS STEPS SOURCES...
+(SOURCES: files of one source, or NAME=PATH for several sources, mixed)
 """
 
 import sys
@@ -20,6 +21,8 @@ def main():
     mode, state_file, out_file, num_workers, steps, *sources = sys.argv[1:]
     if mode != "resume":
         raise SystemExit(f"unknown mode {mode!r}; usage: {__doc__.split('usage: ')[1]}")
+    if all("=" in s for s in sources):
+        sources = dict(s.split("=", 1) for s in sources)
     loader = build(sources, int(num_workers))
     loader.load_state_dict(torch.load(state_file, weights_only=True))
     it = iter(loader)

@@ -34,3 +34,24 @@ def test_resume_in_a_new_process_on_the_stdlib_corpus(tmp_path, real_corpus, num
     # a real corpus really went through: mostly real tokens, several documents per row
     b = reference[-1]
     assert (b["labels"] != -100).float().mean() > 0.9
+
+
+def test_two_sources_mixed_in_pieces_resume_in_a_new_process(tmp_path, real_corpus):
+    """Two sources with bestfit: long source files reach the mixer in pieces (pipes/pieces.py), and a
+    state saved mid-document resumes in a new interpreter with 2 workers."""
+    code, prose = real_corpus["code"][0], real_corpus["prose"][0]
+    sources = {"code": code, "prose": prose}
+    k, n = 9, 6
+    loader = build(sources, 2)
+    it = iter(loader)
+    head = [next(it) for _ in range(k)]
+    state, tail = str(tmp_path / "state.pt"), str(tmp_path / "tail.pt")
+    saved = loader.state_dict()
+    torch.save(saved, state)
+    reference = head + [next(it) for _ in range(n)]
+    del it, loader
+    assert '"offset"' in repr(saved), "no Pieces node in the graph"
+    run_in_fresh_process(SCRIPT, "resume", state, tail, "2", str(n), f"code={code}", f"prose={prose}")
+    got = head + torch.load(tail, weights_only=True)
+    for i, (want, have) in enumerate(zip(reference, got)):
+        assert items_equal(want, have), f"batch {i} differs ({'after' if i >= k else 'before'} the resume)"

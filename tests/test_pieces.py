@@ -241,3 +241,30 @@ def test_a_document_in_pieces_is_finished_when_its_weight_goes_to_zero():
     pieces = [d for d in rest if d.source == "b"]
     assert [d.source for d in rest] == ["b"] * 9 + ["a"] * 11  # its other nine pieces first, then a alone
     assert not pieces[-1].more and len(pieces[-1].ids) == 10 * C
+
+
+@pytest.mark.parametrize("num_workers", [0, 1, 2, 3])
+def test_pretrain_with_pieces_resumes_exactly(tmp_path, tok_path, num_workers):
+    """Saves that fall while a document of b (~470 rows, b's only text) is in pieces (2-row batches), with 0-3 workers."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tokenloom.recipes import pretrain
+
+    from .resume import check_loader_resume
+
+    words = " ".join(f"w{i % 997}" for i in range(12_000))
+    pq.write_table(pa.table({"text": [f"note {i} on the short side." for i in range(3000)]}), tmp_path / "a.parquet")
+    pq.write_table(pa.table({"text": [words] * 4}), tmp_path / "b.parquet")  # a row per shard
+    build = lambda: pretrain({"a": str(tmp_path / "a.parquet"), "b": str(tmp_path / "b.parquet")},  # noqa: E731
+                             tokenizer=tok_path, seq_len=T, batch_size=2, weights={"a": 0.5, "b": 0.5},
+                             num_workers=num_workers)
+    check_loader_resume(build, steps=[7, 31], total=48)
+    if num_workers == 0:  # the saves fall inside b's document: b has delivered part of it, not all
+        n = len(load_encoder(tok_path).encode_batch([words])[0])
+        loader = build()
+        it = iter(loader)
+        for k in range(1, 32):
+            next(it)
+            if k in (7, 31):
+                assert 0 < loader.stats()["sources"]["b"]["tokens"] < n

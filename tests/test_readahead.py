@@ -597,3 +597,22 @@ def test_line_unit_fetch_error_names_the_unit(line_files, monkeypatch):
     with pytest.raises(RuntimeError, match=r"cannot read .*part-\d+\.txt.*connection reset"):
         for _ in range(400):
             next(node)
+
+
+def test_line_unit_readers_resume_at_every_step_with_read_ahead(line_files, monkeypatch):
+    from tokenloom.pipes import ReadJsonl, list_jsonl_units
+
+    local, _ = line_files
+    monkeypatch.setenv(readahead.ENV, "all")
+    monkeypatch.setenv(readahead.ENV_BYTES, "2K")
+    units = list_jsonl_units(resolve_files(os.path.join(local, "*.jsonl"), "jsonl"))
+
+    def build():
+        return ReadJsonl(ShardUnits(units.rows, shard=1, num_shards=2, seed=3, epochs=2), units, source="j")
+
+    node = build()
+    node.reset()
+    for _ in range(40):
+        next(node)
+    assert node.readahead_stats()["ready"] + node.readahead_stats()["waited"] > 0  # units came from read-ahead
+    assert check_node_resume(build, max_steps=150) == 150
