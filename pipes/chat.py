@@ -36,7 +36,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from .base import Node
-from .items import Doc, TokenDoc, origin_rows
+from .items import BatchInFlight, Doc, TokenDoc
 from .chat_template import ChatError, JinjaTemplate, encode_markup
 from .tokenizer import Encoder, _chat_template_text, _load_directory, _token_text  # a directory's reading rules
 
@@ -210,7 +210,7 @@ def _check_messages(messages: Any, roles: Optional[Mapping[str, Any]], where: st
     return out
 
 
-class RenderChat(Node[TokenDoc]):
+class RenderChat(BatchInFlight, Node[TokenDoc]):
     PARENT = "parent"
     EMITTED = "emitted"
     COUNTS = "counts"
@@ -322,25 +322,6 @@ class RenderChat(Node[TokenDoc]):
         item = self._out[self._emitted]
         self._emitted += 1
         return item
-
-    def in_flight(self) -> List[TokenDoc]:
-        """Conversations rendered but not handed on (see `Tokenize.in_flight`)."""
-        if self._skip and self._emitted >= len(self._out):
-            self._fill()
-        return self._out[self._emitted:]
-
-    def in_flight_origins(self, source: int) -> np.ndarray:
-        """The documents read but not handed on as rows ``(source, 0, epoch, unit, pos, used)``
-        (`in_flight` without reading; ``source``: the caller's index of this branch's source), for a
-        packer's save point (pack/savepoint.py). One Python pass per batch, kept for its later calls."""
-        if self._origins_of is not self._out:
-            self._origins, self._origins_of = origin_rows(self._out, source), self._out
-        return self._origins[self._emitted:]
-
-    def untouched_since_restore(self) -> bool:
-        """Restored from a state and not read since: it stands where that state put it, and its
-        documents in flight are known only from the state's save point (pack/savepoint.py)."""
-        return self._untouched
 
     def get_state(self) -> Dict[str, Any]:
         if self._emitted >= len(self._out):

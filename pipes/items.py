@@ -71,3 +71,30 @@ class Row(NamedTuple):
     mask: Optional[np.ndarray]
     sources: tuple
     starts: Optional[np.ndarray] = None
+
+
+class BatchInFlight:
+    """What a node that hands on a batch document by document (`Tokenize`, `RenderChat`) tells an
+    elastic resume of the documents it read but has not handed on. The node keeps the batch in
+    ``_out``, the count handed on in ``_emitted``, a restore's pending batch in ``_skip`` (re-read by
+    ``_fill``), ``_untouched`` and the ``_origins``/``_origins_of`` cache."""
+
+    def in_flight(self) -> list:
+        """Documents read but not handed on; re-reads the batch a restore left pending, so the reader
+        stands where it stood at the save."""
+        if self._skip and self._emitted >= len(self._out):
+            self._fill()
+        return self._out[self._emitted:]
+
+    def in_flight_origins(self, source: int) -> np.ndarray:
+        """The documents read but not handed on as rows ``(source, 0, epoch, unit, pos, used)``
+        (`in_flight` without reading; ``source``: the caller's index of this branch's source), for a
+        packer's save point (pack/savepoint.py). One Python pass per batch, kept for its later calls."""
+        if self._origins_of is not self._out:
+            self._origins, self._origins_of = origin_rows(self._out, source), self._out
+        return self._origins[self._emitted:]
+
+    def untouched_since_restore(self) -> bool:
+        """Restored from a state and not read since: it stands where that state put it, and its
+        documents in flight are known only from the state's save point (pack/savepoint.py)."""
+        return self._untouched

@@ -37,7 +37,7 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 
 from .base import Node
-from .items import Doc, TokenDoc, origin_rows
+from .items import BatchInFlight, Doc, TokenDoc
 from .tokenizer import Encoder
 
 
@@ -54,7 +54,7 @@ class Pretokenized:
         return self.chars
 
 
-class Tokenize(Node[TokenDoc]):
+class Tokenize(BatchInFlight, Node[TokenDoc]):
     PARENT = "parent"
     EMITTED = "emitted"
     ENCODED = "encoded"
@@ -144,25 +144,6 @@ class Tokenize(Node[TokenDoc]):
         self._emitted += 1
         return item
 
-    def in_flight(self) -> List[TokenDoc]:
-        """Documents read but not handed on (for an elastic resume); re-encodes the batch a
-        restore left pending, so the reader stands where it stood at the save."""
-        if self._skip and self._emitted >= len(self._out):
-            self._fill()
-        return self._out[self._emitted:]
-
-    def in_flight_origins(self, source: int) -> np.ndarray:
-        """The documents read but not handed on as rows ``(source, 0, epoch, unit, pos, used)``
-        (`in_flight` without reading; ``source``: the caller's index of this branch's source), for a
-        packer's save point (pack/savepoint.py). One Python pass per batch, kept for its later calls."""
-        if self._origins_of is not self._out:
-            self._origins, self._origins_of = origin_rows(self._out, source), self._out
-        return self._origins[self._emitted:]
-
-    def untouched_since_restore(self) -> bool:
-        """Restored from a state and not read since: it stands where that state put it, and its
-        documents in flight are known only from the state's save point (pack/savepoint.py)."""
-        return self._untouched
 
     @property
     def encoded(self) -> int:
