@@ -221,6 +221,20 @@ def _start_waiting() -> None:
         ra._start()
 
 
+def fill_plan(ahead: Deque[Any], keys: Iterator[Any], depth: int, last: Any) -> Any:
+    """Append the next keys to ``ahead`` until it holds ``depth``: ``None`` (a unit read some other way)
+    is skipped and a unit read again at once is not fetched twice. Returns the last key taken."""
+    while len(ahead) < depth:
+        try:
+            k = next(keys)
+        except StopIteration:
+            break
+        if k is not None and k != last:
+            ahead.append(k)
+        last = k
+    return last
+
+
 # --- byte ranges of a row group -----------------------------------------------------------------
 
 def chunk_ranges(meta: pq.FileMetaData, row_group: int, columns: Optional[Sequence[str]],
@@ -650,14 +664,7 @@ class RowGroupReadAhead:
             self._schedule()
 
     def _fill(self) -> None:
-        while len(self._ahead) < self.depth:
-            try:
-                k = next(self._keys)
-            except StopIteration:
-                return
-            if k is not None and k != self._last:  # a unit read again at once is not read twice
-                self._ahead.append(k)
-            self._last = k
+        self._last = fill_plan(self._ahead, self._keys, self.depth, self._last)
 
     def _schedule(self) -> None:
         if not self._started:

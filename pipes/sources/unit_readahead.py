@@ -27,7 +27,7 @@ from collections import OrderedDict, deque
 from concurrent.futures import Future
 from typing import Any, Callable, Deque, Dict, Iterable, Iterator, Optional
 
-from .readahead import DEPTH, OPEN_FILES, _pool
+from .readahead import DEPTH, OPEN_FILES, _pool, fill_plan
 
 
 class UnitReadAhead:
@@ -48,6 +48,7 @@ class UnitReadAhead:
         self._files: "OrderedDict[int, Future]" = OrderedDict()  # file -> Future[handle]
         self._ahead: Deque[int] = deque()
         self._keys: Iterator[Optional[int]] = iter(())
+        self._key: Optional[int] = None  # the last key the plan took (fill_plan)
         self._pending: Dict[int, tuple] = {}  # unit -> (Future[bytes], size)
         self._held = 0
         self._planned = False
@@ -79,7 +80,7 @@ class UnitReadAhead:
                     self._drop(k)  # planned, but the reader went past it
             else:  # not where the plan was (or the first read): plan from the reader's position
                 self._drop_all()
-                self._keys, self._planned = iter(self.upcoming()), True
+                self._keys, self._key, self._planned = iter(self.upcoming()), None, True
             got = self._pending.pop(u, None)
             self._schedule()
         if got is None:
@@ -111,13 +112,7 @@ class UnitReadAhead:
         self._keys = iter(())
 
     def _schedule(self) -> None:
-        while len(self._ahead) < self.depth:
-            try:
-                k = next(self._keys)
-            except StopIteration:
-                break
-            if k is not None and (not self._ahead or self._ahead[-1] != k):
-                self._ahead.append(k)
+        self._key = fill_plan(self._ahead, self._keys, self.depth, self._key)
         pool = _pool()
         for u in self._ahead:
             if u in self._pending:
