@@ -146,10 +146,13 @@ class Slots:
         self.opened[s] = 1 if more else 0
         # An indexed slot has more than a row left, so its next segment stays a full row: its place
         # in the index does not change. A parked one joins the index once it may be placed.
+        self._unpark(s, was_parked)
+        return added
+
+    def _unpark(self, s: int, was_parked: bool) -> None:
         if was_parked and not self.parked(s) and int(self.len[s]) > int(self.used[s]):
             self.core.insert(self.seq, self.len, self.used, self.head, self.tail, self.next, self.prev, self.bits,
                              s, self.C)
-        return added
 
     def close(self, s: int) -> None:
         """No more pieces will come for slot ``s`` (upstream ended): what it holds is placed as a
@@ -158,9 +161,7 @@ class Slots:
         if self.opened[s]:
             was_parked = self.parked(s)
             self.opened[s] = 0
-            if was_parked and int(self.len[s]) > int(self.used[s]):
-                self.core.insert(self.seq, self.len, self.used, self.head, self.tail, self.next, self.prev,
-                                 self.bits, s, self.C)
+            self._unpark(s, was_parked)
 
     def used_array(self) -> np.ndarray:
         """Tokens already taken from each slot's document (all slots; staged ones included)."""
