@@ -155,6 +155,14 @@ class Tokenize(BatchInFlight, Node[TokenDoc]):
         """Continue the encoded count of an elastic resume (elastic.py)."""
         self._encoded = self._encoded_before = int(encoded)
 
+    def state_before_last(self) -> Dict[str, Any]:
+        """The state as if the last document handed on had not been: its batch's start and one fewer
+        handed on (a restore re-reads the batch and hands it on again). pieces.py keeps a long document's
+        position so, instead of taking a state before every document."""
+        if self._emitted < 1:
+            raise RuntimeError("Tokenize.state_before_last: no document of the current batch was handed on yet")
+        return {self.PARENT: self._batch_state, self.EMITTED: self._emitted - 1, self.ENCODED: self._encoded_before}
+
     def get_state(self) -> Dict[str, Any]:
         if self._emitted >= len(self._out):
             # At a batch boundary the next batch starts where the parent stands now.

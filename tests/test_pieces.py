@@ -151,6 +151,12 @@ def test_pieces_node_resumes_at_every_step(parts):
     assert sum(node.next().more for _ in range(200)) > 50  # most documents came in pieces
 
 
+def test_pieces_over_a_parent_without_state_before_last_resume_at_every_step():
+    # Docs has no state_before_last: Pieces takes its state before every document (the fallback)
+    assert not hasattr(Docs("a", [1], 0), "state_before_last")
+    assert check_node_resume(lambda: Pieces(Docs("a", [3 * C + 5, 10, 2 * C], 0), piece=C), max_steps=60) == 60
+
+
 def test_bestfit_over_pieces_resumes_at_every_step(parts):
     units, enc = parts
 

@@ -343,12 +343,15 @@ class BestFitPack(Node[Row]):
         oldest first."""
         self._oldest()  # prunes finished documents off the front
         limit, out = self._pulled - self.max_wait, []
+        # Parked slots (pieces.py) never start a row: found once here, at most one per source.
+        parked = {slot for slot in (self._slot_of[q] for q in self._open.values()) if self._slots.parked(slot)} \
+            if self._open else ()
         tok_limit, tok_at = self._tokens - self.buffer_tokens, self._tok_at
         for seq in self._ages:
             if (seq >= limit and tok_at[seq] >= tok_limit) or len(out) >= cap:  # tok_at covers _ages
                 break
             slot = self._slot_of.get(seq)
-            if slot is not None and not (self._open and self._slots.parked(slot)):
+            if slot is not None and slot not in parked:
                 out.append(slot)
         return out
 
