@@ -24,6 +24,7 @@ from itertools import islice
 
 import boto3
 import numpy as np
+import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
@@ -252,13 +253,63 @@ def test_deleted_object_fails_in_the_worker_as_without_readahead(s3, creds, tok_
         loader = pretrain(uri, tokenizer=tok_path, num_workers=2, **ARGS)
         gone = sorted(os.listdir(local_dir))[1]
         client.delete_object(Bucket=BUCKET, Key=f"{prefix}/{gone}")
-        err = _raises_without_hanging(lambda: list(islice(loader, 40)), timeout=90)
+        # the first fetches may hold all of this small corpus's first epoch; the next one reads the store
+        err = _raises_without_hanging(lambda: list(islice(loader, 2000)), timeout=90)
         msg = str(err).replace(prefix, "PREFIX")
         line = next((x for x in msg.splitlines() if "cannot read" in x), msg)
         assert re.search(rf"cannot read s3://{BUCKET}/PREFIX/{re.escape(gone)}, row group \d+: .*the file is gone",
                          line), msg
         messages[mode] = re.sub(r"row group \d+", "row group N", line)
     assert messages["auto"] == messages["0"]
+
+
+def test_a_unit_the_plan_brings_back_is_fetched_once(local):
+    """A small source's next epoch brings its units back within the plan (here 7-8 units a shard and
+    epoch, 16 planned): their bytes serve every read, so 3 epochs fetch each unit once, and read the
+    same documents as the synchronous reader."""
+    _, units = local
+    node = ShardUnits(units.rows, shard=1, num_shards=4, seed=3, epochs=3)
+    node.reset(None)
+    mine = {int(s.unit) for s in node.ahead()}
+    want = _docs(_reader(units, 0, shard=1, num_shards=4, epochs=3))
+    reader = _reader(units, 64 << 20, shard=1, num_shards=4, epochs=3)
+    assert _docs(reader) == want
+    stats = reader.readahead_stats()
+    once = sum(_unit_bytes(units, u) for u in mine)
+    # in the training process the first unit is read inline (the footers are on their way): once more at most
+    assert stats["inline"] <= 1 and once <= stats["fetched_bytes"] <= once + max(_unit_bytes(units, u) for u in mine)
+    assert stats["held_bytes"] == 0, stats
+
+
+def test_first_fetches_join_nearby_ranges_into_few_requests(local, monkeypatch):
+    """The building process fetches many small units in a few requests (`first_requests`): here 30 units
+    of 4 files in at most a request per file and FIRST_PART bytes; each unit's bytes are the file's."""
+    _, units = local
+    real, calls = readahead._read_range, []
+
+    def counted(handle, off, n):
+        calls.append(n)
+        return real(handle, off, n)
+
+    monkeypatch.setattr(readahead, "_read_range", counted)
+    handles = [f.open() for f in units.files]
+    items = []
+    for u in range(len(units.rows)):
+        i, rg = int(units.file[u]), int(units.row_group[u])
+        meta = pq.ParquetFile(units.files[i].path).metadata
+        items.append(((i, rg), handles[i], units.files[i].size,
+                      readahead.chunk_ranges(meta, rg, ["text"], units.files[i].size)))
+    total = sum(n for *_, ranges in items for _, n in ranges)
+    first = readahead.FirstFetches(items)
+    assert first.wait(30) and first.errors == 0
+    assert len(calls) <= len(units.files) + total // readahead.FIRST_PART + 1 < len(items), calls
+    for key, _, size, ranges in items:
+        got_size, chunks = first.take(key)
+        assert got_size == size
+        with open(units.files[key[0]].path, "rb") as f:
+            for (off, n), (o, data) in zip(ranges, sorted(chunks)):
+                f.seek(off)
+                assert (o, bytes(data)) == (off, f.read(n))
 
 
 # --- memory ---------------------------------------------------------------------------------------------
@@ -470,19 +521,29 @@ def test_sources_on_a_slow_store_are_listed_at_once(slow_store, tok_path):
 
 
 def _first_units(units, shards, num_shards, seed, epochs):
-    """The keys `start_first_fetches` fetches: each shard's first FIRST_UNITS units, round-robin."""
-    its = []
+    """The keys `start_first_fetches` fetches, by its rule written out again: shards in turn, each taking
+    its next unit until it has FIRST_SHARD_BYTES of them or has looked at DEPTH units."""
+    its, need, looked = [], {}, {}
     for g in shards:
         node = ShardUnits(units.rows, shard=g, num_shards=num_shards, seed=seed, epochs=epochs)
         node.reset(None)
         its.append(node.ahead())
-    keys = []
-    for _ in range(readahead.FIRST_UNITS):
-        for it in its:
-            s = next(it, None)
+    metas = {i: pq.ParquetFile(pa.BufferReader(units.footers[i])).metadata for i in range(len(units.files))}
+    keys, live = [], list(range(len(its)))
+    while live:
+        for g in list(live):
+            s = next(its[g], None)
+            looked[g] = looked.get(g, 0) + 1
+            if s is None:
+                live.remove(g)
+                continue
             key = (int(units.file[s.unit]), int(units.row_group[s.unit]))
-            if s is not None and key not in keys:
+            if key not in keys:
                 keys.append(key)
+                ranges = readahead.chunk_ranges(metas[key[0]], key[1], ["text"], units.files[key[0]].size)
+                need[g] = need.get(g, 0) + sum(n for _, n in ranges)
+            if need.get(g, 0) >= readahead.FIRST_SHARD_BYTES or looked[g] >= readahead.DEPTH:
+                live.remove(g)
     return keys
 
 

@@ -276,11 +276,12 @@ def start_first_fetches(units: UnitTable, column: str, *, shards: Sequence[int],
                         epochs: Optional[int], readahead: Optional[int] = None,
                         forks: Optional[int] = None) -> Optional[FirstFetches]:
     """Start fetching, in this process, the first units ``shards`` will read of a remote source whose
-    footers are shipped (`FirstFetches`, readahead.py): up to `FIRST_UNITS` per shard and `FIRST_BYTES`
-    in all, with the handles listing opened (closed once fetched); the bytes are let go after ``forks``
+    footers are shipped (`FirstFetches`, readahead.py): per shard, units until `FIRST_SHARD_BYTES` (at
+    least one, at most `DEPTH` looked at), round-robin over the shards while the source's `FIRST_BYTES` last,
+    with the handles listing opened (closed once fetched); the bytes are let go after ``forks``
     forks of this process (the loader's workers; None: kept). ``units.first`` is set; None when
     nothing is fetched (local files, read-ahead off, footers not shipped, or no handles)."""
-    from .readahead import FIRST_BYTES, FIRST_UNITS, chunk_ranges
+    from .readahead import DEPTH, FIRST_BYTES, FIRST_SHARD_BYTES, chunk_ranges
 
     handles, units.handles = units.handles, None
     try:
@@ -288,31 +289,45 @@ def start_first_fetches(units: UnitTable, column: str, *, shards: Sequence[int],
         if not budget or units.footers is None or handles is None:
             return None
         cap = min(FIRST_BYTES, budget)
-        keys: List[Tuple[int, int]] = []
-        # round-robin over the shards: each shard's first unit, then each one's second, ...
-        plans = [ShardUnits(units.rows, shard=g, num_shards=num_shards, seed=seed, epochs=epochs) for g in shards]
-        upcoming = []
-        for node in plans:
-            node.reset(None)
-            upcoming.append(node.ahead())
-        for _ in range(FIRST_UNITS):
-            for it in upcoming:
-                s = next(it, None)
-                if s is not None:
-                    key = (int(units.file[s.unit]), int(units.row_group[s.unit]))
-                    if key not in keys:
-                        keys.append(key)
         metas: Dict[int, Any] = {}
-        items, total = [], 0
-        for i, rg in keys:
+
+        def ranges_of(key: Tuple[int, int]) -> List[Tuple[int, int]]:
+            i = key[0]
             if i not in metas:
                 metas[i] = pq.ParquetFile(pa.BufferReader(units.footers[i])).metadata
-            ranges = chunk_ranges(metas[i], rg, [column], units.files[i].size)
-            n = sum(n for _, n in ranges)
-            if total + n > cap:
-                break
-            total += n
-            items.append(((i, rg), handles[i], units.files[i].size, ranges))
+            return chunk_ranges(metas[i], key[1], [column], units.files[i].size)
+
+        upcoming = []
+        for g in shards:
+            node = ShardUnits(units.rows, shard=g, num_shards=num_shards, seed=seed, epochs=epochs)
+            node.reset(None)
+            upcoming.append(node.ahead())
+        taken = [0] * len(upcoming)
+        looked = [0] * len(upcoming)
+        live = list(range(len(upcoming)))
+        items: List[tuple] = []
+        seen: set = set()
+        total = 0
+        while live and total < cap:
+            for g in list(live):  # round-robin: each shard's next unit in turn
+                s = next(upcoming[g], None)
+                looked[g] += 1
+                if s is None:
+                    live.remove(g)
+                    continue
+                key = (int(units.file[s.unit]), int(units.row_group[s.unit]))
+                if key not in seen:  # a small source's next epoch brings units back: fetched once
+                    seen.add(key)
+                    ranges = ranges_of(key)
+                    n = sum(n for _, n in ranges)
+                    if total + n > cap:
+                        live = []
+                        break
+                    total += n
+                    taken[g] += n
+                    items.append((key, handles[key[0]], units.files[key[0]].size, ranges))
+                if taken[g] >= FIRST_SHARD_BYTES or looked[g] >= DEPTH:
+                    live.remove(g)
         units.first = FirstFetches(items, close=handles, forks=forks) if items else None
         return units.first
     except Exception:  # noqa: BLE001 - only an early start: the workers fetch what is not here

@@ -353,13 +353,44 @@ class RangeFile:
 
 #: Bytes of its workers' first row groups the process that builds a loader fetches, at most per source.
 FIRST_BYTES = 32 << 20
-#: Units per source and shard fetched first, at most.
-FIRST_UNITS = 4
+#: Bytes fetched first per source and shard (at least one unit, at most ``DEPTH``): enough for a worker to
+#: tokenize while it opens its files and its own first fetches come back (two round trips and a transfer,
+#: ~0.25 s behind 100 ms, ~0.5 MB of tokens at the 60/40 mix of benchmarks/remote.py).
+FIRST_SHARD_BYTES = 1 << 20
+#: First fetches of one file closer than this are one request ...
+FIRST_HOLE = 64 << 10
+#: ... up to this many bytes: a few short requests at once instead of one per unit (the units of a shard's
+#: first MiB can be dozens of small row groups, and requests beyond the pool's threads wait a round trip).
+FIRST_PART = 512 << 10
 #: Seconds a fork waits for first fetches still in flight (see `FirstFetches`).
 FIRST_WAIT = 30.0
 
 #: First fetches with requests in flight in this process (a fork waits for them).
 _FIRST_LIVE: "weakref.WeakSet[FirstFetches]" = weakref.WeakSet()
+
+
+def first_requests(items: Sequence[Tuple[Key, Any, int, List[Tuple[int, int]]]]) -> List[tuple]:
+    """The requests that fetch ``items`` (see `FirstFetches`): ``(handle, offset, length, members)``, where
+    ``members`` are the ``(key, offset, length)`` ranges of units inside it. Ranges longer than ``PART_BYTES``
+    are split as a reader splits them; then, file by file in offset order, ranges less than ``FIRST_HOLE``
+    apart are joined while the request stays within ``FIRST_PART`` bytes (the holes are fetched too)."""
+    by_file: Dict[int, List[Tuple[int, int, Key]]] = {}
+    handles: Dict[int, Any] = {}
+    for key, handle, _, ranges in items:
+        handles[key[0]] = handle
+        by_file.setdefault(key[0], []).extend((off, n, key) for off, n in _parts(ranges))
+    out: List[tuple] = []
+    for i, spans in by_file.items():
+        spans.sort()
+        cur: Optional[list] = None
+        for off, n, key in spans:
+            if cur is not None and off - (cur[1] + cur[2]) <= FIRST_HOLE and off + n - cur[1] <= FIRST_PART:
+                cur[2] = max(cur[2], off + n - cur[1])
+                cur[3].append((key, off, n))
+            else:
+                cur = [handles[i], off, n, [(key, off, n)]]
+                out.append(cur)
+    return [tuple(r) for r in out]
 
 
 class FirstFetches:
@@ -369,7 +400,8 @@ class FirstFetches:
     one round trip per file and process) and fetching them (another) after the fork.
 
     ``items`` are ``(key, handle, file size, ranges)``: the handle listing opened the file with, and
-    the ranges a worker would fetch (`chunk_ranges`). Bytes are matched by key, so a worker whose
+    the ranges a worker would fetch (`chunk_ranges`); they are fetched in a few requests at once
+    (`first_requests`). Bytes are matched by key, so a worker whose
     position is elsewhere (a restore) just finds nothing (the bytes of a key do not depend on who reads
     it: what comes does not change). A fork waits until the requests in flight have ended (at most
     ``FIRST_WAIT`` s): the bytes are then in the child's copy of the memory, and no S3 client of the
@@ -388,32 +420,35 @@ class FirstFetches:
         self._left = 0
         self.forks_left = forks
         self.errors = 0
-        parts = [(key, handle, size, off, n) for key, handle, size, ranges in items for off, n in _parts(ranges)]
-        if not parts:
+        requests = first_requests(items)
+        if not requests:
             _close_all(close)
             return
-        self._left = len(parts)
+        self._left = len(requests)
+        file_size = {key: size for key, _, size, _ in items}
         got: Dict[Key, List[Tuple[int, bytes]]] = {key: [] for key, _, _, _ in items}
         missing = {key: len(_parts(ranges)) for key, _, _, ranges in items}
         failed: set = set()
         with _POOL_LOCK:
             _FIRST_LIVE.add(self)
 
-        def fetch(key: Key, handle: Any, size: int, off: int, n: int) -> None:
+        def fetch(handle: Any, off: int, n: int, members: List[Tuple[Key, int, int]]) -> None:
             data = None
             try:
                 data = _read_range(handle, off, n)
-            except BaseException:  # noqa: BLE001 - the worker fetches this unit itself
+            except BaseException:  # noqa: BLE001 - the worker fetches these units itself
                 pass
             with self._cond:
+                for key, o, m in members:
+                    if data is None:
+                        failed.add(key)
+                    else:
+                        got[key].append((o, data if (o, m) == (off, n) else data[o - off:o - off + m]))
+                    missing[key] -= 1
+                    if missing[key] == 0 and key not in failed:
+                        self._chunks[key] = (file_size[key], got.pop(key))
                 if data is None:
-                    failed.add(key)
                     self.errors += 1
-                else:
-                    got[key].append((off, data))
-                missing[key] -= 1
-                if missing[key] == 0 and key not in failed:
-                    self._chunks[key] = (size, got.pop(key))
                 self._left -= 1
                 last = self._left == 0
                 if last:
@@ -422,8 +457,8 @@ class FirstFetches:
                 _close_all(close)  # the handles listing opened: the workers open their own
 
         pool = _pool()
-        for key, handle, size, off, n in parts:
-            pool.submit(lambda a=(key, handle, size, off, n): fetch(*a))
+        for handle, off, n, members in requests:
+            pool.submit(lambda a=(handle, off, n, members): fetch(*a))
 
     def size(self, key: Key) -> Optional[int]:
         """The bytes of unit ``key`` if it was fetched (or is being fetched) here, else None."""
@@ -601,6 +636,10 @@ class RowGroupReadAhead:
                 self._ahead.clear()
                 self._keys, self._last = iter(self.upcoming()), None
             fetch = self._pending.pop(key, None)
+            # a small source's next epoch can bring this unit back within the plan: its bytes serve both reads
+            again = fetch is not None and key in self._ahead
+            if again:
+                self._pending[key] = fetch
             self._schedule()
         t0 = time.perf_counter()
         if fetch is None:
@@ -614,13 +653,15 @@ class RowGroupReadAhead:
             fetch.future.result()
         finally:
             self.counts["wait_s"] += time.perf_counter() - t0
-            with self._lock:
-                self._held -= fetch.size
-                self._schedule()
+            if not again:
+                with self._lock:
+                    self._held -= fetch.size
+                    self._schedule()
         if fetch.error is not None:
             raise fetch.error
         chunks = [(off, data) for off, data in zip(fetch.offsets, fetch.parts)]
-        fetch.parts = None
+        if not again:
+            fetch.parts = None
         return self._decode(fetch.handle, fetch.meta, fetch.file_size, key[1], chunks)
 
     @property
