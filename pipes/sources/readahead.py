@@ -28,8 +28,11 @@ lookup, one request) once per worker.
   first reader of the process reads, for every reader reset there at once: a graph
   that is only reset (as the loader does in the training process for an elastic
   resume) fetches nothing.
+- **A unit read again soon is fetched once.** A small source's next epoch can bring a unit
+  back within the plan; its bytes stay (counted in the budget) until that read.
 - **The first units before the workers start.** The process that builds a loader fetches
-  the first units of its workers' shards of a remote source (`FirstFetches`, started by the
+  the first units of its workers' shards of a remote source, up to ``FIRST_SHARD_BYTES`` a
+  shard, in a few joined requests (`FirstFetches`, started by the
   recipe as soon as listing has read the footers, with the files listing opened), and a fork
   waits for those fetches: a worker starts with their bytes in its memory and takes them by
   key instead of opening the files and fetching (two round trips after the fork).
@@ -48,15 +51,15 @@ there is no latency to hide; ``all`` reads ahead from local files too, ``0`` now
 Measured on 2 cores (benchmarks/remote.py, RESULTS.md ``remote``: pretrain of two
 sources, 9 files of 1-8 row groups, T=2048, B=8, 2 workers; moto's S3 on loopback behind
 a proxy that answers each request after the latency and paces each connection; best of
-4 runs on a quiet machine): behind 100 ms and 20 MB/s, 3.21 M tokens/s, 0.87x local disk's
-best (0.88x within rounds; under load, 0.89-0.96x), where reading synchronously gave 0.43 M
-(0.12x); behind 50 ms and 100 MB/s, 0.98x (synchronously 0.17x). The trade-off: a worker holds up to 64 MiB and
-16 units fetched ahead per source, spends ~2% more CPU per token (the store's own
-included), and may fetch units a restore then drops. First batch behind 100 ms: 0.66 s
-(5.3x local disk's 0.12 s; 3.7x within rounds) with the sources listed at once and the
-first units fetched before the fork, 1.15 s without those (4 round trips in a row are
-left: listing, pyarrow's size lookup, footer, first units). Local disk: the same tokens/s
-with read-ahead forced on as without (1.02x), and as before this module (1.01x).
+6 runs): behind 100 ms and 20 MB/s, 4.40 M tokens/s, 1.02x local disk's best (0.99x within
+rounds), where reading synchronously gave 0.10x and this code before its first fetches went
+by bytes and a unit brought back kept its bytes 0.86x; behind 50 ms and 100 MB/s, 1.01x
+(synchronously 0.15x). The trade-off: a worker holds up to 64 MiB and 16 units fetched
+ahead per source, spends ~2% more CPU per token (the store's own included), and may fetch
+units a restore then drops; the building process holds up to 1 MiB per shard and source
+until the fork. First batch behind 100 ms: 0.63 s (6x local disk's 0.10 s): 4 round trips
+in a row are left (listing, pyarrow's size lookup, footer, first units). Local disk: the
+same tokens/s with read-ahead forced on as without (1.07x best, 0.95x within rounds).
 """
 
 from __future__ import annotations
