@@ -32,7 +32,7 @@ import pytest
 from tokenloom.pipes import ReadParquet, ShardUnits, list_parquet_units, resolve_files
 from tokenloom.pipes.shard import WorkSlice
 from tokenloom.pipes.sources import parquet as parquet_mod
-from tokenloom.pipes.sources import readahead
+from tokenloom.pipes.sources import listing_at_once, readahead
 from tokenloom.pipes.sources.cache import build_cache
 from tokenloom.pipes.sources.files import process_fs
 from tokenloom.pipes.stats import format_stats
@@ -426,7 +426,7 @@ def test_parallel_footers_equal_sequential_and_raise_the_first_bad_file(s3, cred
             client.put_object(Bucket=BUCKET, Key=f"readahead-bad/{i}-{name}", Body=f.read())
     client.put_object(Bucket=BUCKET, Key="readahead-bad/1a-broken.parquet", Body=b"PAR1" + b"x" * 100)
     client.put_object(Bucket=BUCKET, Key="readahead-bad/2a-other.parquet", Body=b"not parquet at all")
-    monkeypatch.setattr(parquet_mod, "LIST_THREADS", 8)
+    monkeypatch.setattr(listing_at_once, "LIST_THREADS", 8)
     with pytest.raises(ValueError) as e:
         list_parquet_units(resolve_files(_uri(s3, f"{BUCKET}/readahead-bad/*.parquet")), "text")
     assert "readahead-bad/1a-broken.parquet" in str(e.value) and "truncated" in str(e.value), str(e.value)
@@ -677,3 +677,49 @@ def test_line_unit_readers_resume_at_every_step_with_read_ahead(line_files, monk
         next(node)
     assert node.readahead_stats()["ready"] + node.readahead_stats()["waited"] > 0  # units came from read-ahead
     assert check_node_resume(build, max_steps=150) == 150
+
+
+# --- listing line files on remote storage: listing_at_once.py ------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["jsonl", "txt"])
+def test_remote_line_listing_reads_blocks_at_once_and_lists_what_local_disk_lists(s3, creds, line_files, kind,
+                                                                                  monkeypatch):
+    """Files of a remote source are scanned at once, each by positional reads of BLOCK_BYTES (small here, so
+    lines cross blocks): the units, line numbers and blank lines are those listed from local disk."""
+    from tokenloom.pipes import list_jsonl_units
+    from tokenloom.pipes.sources.text_files import list_text_units
+
+    local, prefix = line_files
+    monkeypatch.setattr(listing_at_once, "BLOCK_BYTES", 1000)
+    real, reads = listing_at_once.blocks_at_once, []
+
+    def counted(handle, size, pool, **kw):
+        reads.append(size)
+        return real(handle, size, pool, block=1000, **kw)
+
+    monkeypatch.setattr(sys.modules["tokenloom.pipes.sources.text_files"], "blocks_at_once", counted)
+    lister = (lambda spec: list_jsonl_units(resolve_files(spec, "jsonl"), rows_per_unit=7)) if kind == "jsonl" else \
+        (lambda spec: list_text_units(resolve_files(spec, "txt"), mode="paragraphs", rows_per_unit=5))
+    on_disk = lister(os.path.join(local, f"*.{kind}"))
+    assert not reads
+    remote = lister(_uri(s3, f"{BUCKET}/{prefix}/*.{kind}"))
+    assert len(reads) == len(on_disk.files) and max(reads) > 3000, reads  # each file in blocks, at once
+    for col in ("file", "start", "end", "first_line", "rows"):
+        assert np.array_equal(getattr(remote, col), getattr(on_disk, col)), col
+    assert remote.blank_lines == on_disk.blank_lines
+
+
+def test_a_remote_jsonl_source_is_listed_in_a_few_round_trips(slow_store, line_files):
+    """12 jsonl files behind LATENCY: listed at once, each in blocks at once (one file after another, each
+    in 8 MB blocks, was 4 round trips a file, 48 in all)."""
+    from tokenloom.pipes import list_jsonl_units
+
+    uri, log = slow_store
+    _, prefix = line_files
+    spec = uri(prefix).replace("*.parquet", "*.jsonl")
+    t0 = time.monotonic()
+    units = list_jsonl_units(resolve_files(spec, "jsonl"))
+    took = time.monotonic() - t0
+    assert len(units.files) == 12 and units.total_rows > 0
+    # the glob's listing, then each file's open, first bytes, open and blocks: 5 round trips, with room for a busy machine
+    assert took < 10 * LATENCY, (took, len(log))

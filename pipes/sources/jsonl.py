@@ -58,6 +58,7 @@ from ..items import Doc
 from ..shard import ShardUnits, WorkSlice
 from .compressed import CompressedUnitBytes, compression_of, content_key, merge_units, open_decompressed
 from .files import SourceFile, sft_advice
+from .listing_at_once import block_pool, each_file
 from .json_array import first_byte, scan_array, split_elements
 from .text_files import MAX_UNIT_BYTES, CursorReader, LineUnitTable, SkipCount, UnitCursor, scan_file, unit_columns
 
@@ -198,29 +199,38 @@ def list_jsonl_units(files: Sequence[SourceFile], *, field: Optional[str] = "tex
                              f"conversation: to train on conversations use {sft_advice(field)}; for text, pass "
                              "field= (text_column= in recipes) naming a text field")
 
-    listed, per_file, arrays, blanks = [], [], [], 0
-    for f in files:
+    def scan(f: SourceFile, pool: Any) -> tuple:
         compressed = compression_of(f.path) is not None
         opener = open_decompressed if compressed else SourceFile.open
         try:
             array = first_byte(f, opener) == b"["
             if array:
                 found, first, size = scan_array(f, opener, rows_per_unit=rows_per_unit, max_unit_bytes=max_unit_bytes)
+                blank = 0
             else:
                 found, blank, first = scan_file(f, paragraphs=False, rows_per_unit=rows_per_unit,
-                                                max_unit_bytes=max_unit_bytes, opener=opener)
-                blanks += blank
+                                                max_unit_bytes=max_unit_bytes, opener=opener,
+                                                pool=None if compressed else pool)
                 size = found[-1][1] if found else 0  # where the last line ends
         except OSError as e:
             raise ValueError(f"cannot read {f.uri or f.path}: {e}") from e
-        if first is not None:
-            inspect(f, first, "element" if array else "line")
-        if compressed:
-            found = merge_units(found, max_unit_bytes)
-            f = replace(f, key=content_key(f, size), mtime_ns=None)  # keyed: a copy's new mtime says nothing
-        listed.append(f)
-        per_file.append(found)
-        arrays.append(array)
+        return compressed, array, found, blank, first, size
+
+    listed, per_file, arrays, blanks = [], [], [], 0
+    with block_pool(files) as pool:  # remote files at once, each file's blocks at once (listing_at_once.py)
+        for f, got in zip(files, each_file(lambda f: scan(f, pool), files)):
+            if isinstance(got, Exception):
+                raise got
+            compressed, array, found, blank, first, size = got
+            blanks += blank
+            if first is not None:
+                inspect(f, first, "element" if array else "line")
+            if compressed:
+                found = merge_units(found, max_unit_bytes)
+                f = replace(f, key=content_key(f, size), mtime_ns=None)  # keyed: a copy's new mtime says nothing
+            listed.append(f)
+            per_file.append(found)
+            arrays.append(array)
     return JsonUnitTable(listed, *unit_columns(per_file), "lines", blanks, np.asarray(arrays, bool))
 
 

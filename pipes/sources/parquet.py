@@ -30,7 +30,7 @@ page cache, best of 15, against pyarrow's own footer read: 400 files with 8 row
 groups, 16.6 vs 14.9 ms (+4 us a file); 200 files with 80 row groups (53 KB
 footers), 24.0 vs 17.9 ms (+30 us a file, sha256 at ~2 GB/s). On S3 a footer is a
 round trip either way (two with the size lookup pyarrow makes when it opens a file), so
-remote footers are read ``LIST_THREADS`` (32) at a time, the first bad file in order
+remote footers are read ``LIST_THREADS`` (32, listing_at_once.py) at a time, the first bad file in order
 still being the one named: 200 objects behind 100 ms of latency per request list in
 2.4 s instead of 51 s one by one (moto's S3 on loopback behind benchmarks/remote.py's
 proxy; 64 at a time is no faster). Their bytes, up to ``SHIP_FOOTERS`` (8 MiB) a source,
@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -59,6 +58,7 @@ from .fingerprint import content_key
 from ..items import Doc
 from ..shard import ShardUnits, WorkSlice
 from .files import FileChangedError, FileUnits, OpenFiles, SourceFile, sft_advice
+from .listing_at_once import each_file
 from .readahead import FirstFetches, RowGroupReadAhead, budget_for
 from .text_files import CursorReader, SkipCount, UnitCursor
 
@@ -175,9 +175,6 @@ def read_footer(f: SourceFile) -> Footer:
 #: Footer bytes of a remote source's files kept for the loader workers, at most (beyond: they read them).
 SHIP_FOOTERS = 8 << 20
 
-#: Footers of remote files read at once while listing (each is a round trip or two to the store).
-LIST_THREADS = 32
-
 
 def footers_or_errors(files: Sequence[SourceFile]) -> List[Any]:
     """`read_footer` of every file, in order: its `Footer`, or the exception reading it raised. Remote
@@ -187,10 +184,7 @@ def footers_or_errors(files: Sequence[SourceFile]) -> List[Any]:
     lock = threading.Lock()
 
     def one(f: SourceFile) -> Any:
-        try:
-            footer = read_footer(f)
-        except Exception as e:  # noqa: BLE001 - raised in file order by the caller
-            return e
+        footer = read_footer(f)
         with lock:
             kept[0] += len(footer.raw)
             over = kept[0] > SHIP_FOOTERS
@@ -200,10 +194,7 @@ def footers_or_errors(files: Sequence[SourceFile]) -> List[Any]:
             return replace(footer, raw=b"", handle=None)
         return footer
 
-    if len(files) < 2 or all(f.fs.type_name == "local" for f in files):
-        return [one(f) for f in files]
-    with ThreadPoolExecutor(min(LIST_THREADS, len(files)), thread_name_prefix="tokenloom-footers") as pool:
-        return list(pool.map(one, files))
+    return list(each_file(one, files, name="tokenloom-footers"))
 
 
 def read_footers(files: Sequence[SourceFile]) -> List[Footer]:

@@ -51,6 +51,7 @@ from ..base import Node
 from ..items import Doc
 from ..shard import ROW_ORDER_TAG, ShardUnits, WorkSlice, rng_for, unread_after
 from .files import FileUnits, OpenFiles, SourceFile
+from .listing_at_once import block_pool, blocks_at_once, each_file
 
 #: Bytes read per step while listing; a line longer than this is joined across steps.
 CHUNK_BYTES = 8 << 20
@@ -165,11 +166,13 @@ def read_blocks(handle: Any, size: int) -> Iterator[Tuple[int, bytes]]:
 
 
 def scan_file(f: SourceFile, *, paragraphs: bool, rows_per_unit: int, max_unit_bytes: int = MAX_UNIT_BYTES,
-              opener: Optional[Callable[[SourceFile], Any]] = None
+              opener: Optional[Callable[[SourceFile], Any]] = None, pool: Optional[Any] = None
               ) -> Tuple[List[Tuple[int, int, int, int]], int, Optional[bytes]]:
     """One pass over a file: its units ``(start, end, first_line, rows)``, its number of
     blank lines, and the bytes of its first row's first line (None if it has no row).
-    ``opener(f)`` gives the stream to scan (default ``f.open()``; compressed.py decompresses)."""
+    ``opener(f)`` gives the stream to scan (default ``f.open()``; compressed.py decompresses).
+    With ``pool`` (a remote file, not compressed) the blocks are positional reads at once
+    (`listing_at_once.blocks_at_once`): the same bytes in the same order."""
     units = _UnitBuilder(rows_per_unit, max_unit_bytes)
     blank_total, first_row = 0, None
     prev_blank = True  # the start of a file counts as after a blank line
@@ -177,7 +180,8 @@ def scan_file(f: SourceFile, *, paragraphs: bool, rows_per_unit: int, max_unit_b
     pending: List[bytes] = []
     try:
         with (opener(f) if opener is not None else f.open()) as handle:
-            for dropped, chunk in read_blocks(handle, CHUNK_BYTES):
+            blocks = read_blocks(handle, CHUNK_BYTES) if pool is None else blocks_at_once(handle, handle.size(), pool)
+            for dropped, chunk in blocks:
                 off += dropped
                 final = not chunk
                 if not final and b"\n" not in chunk:
@@ -234,13 +238,17 @@ def list_line_units(files: Sequence[SourceFile], *, kind: str, rows_per_unit: in
     if max_unit_bytes < 1:
         raise ValueError(f"{max_unit_bytes=} must be >= 1")
     per_file, blanks = [], 0
-    for f in files:
-        found, blank, first_row = scan_file(f, paragraphs=kind == "paragraphs", rows_per_unit=rows_per_unit,
-                                            max_unit_bytes=max_unit_bytes)
-        blanks += blank
-        if inspect is not None and first_row is not None:
-            inspect(f, first_row)
-        per_file.append(found)
+    with block_pool(files) as pool:  # remote files at once, each file's blocks at once (listing_at_once.py)
+        scanned = each_file(lambda f: scan_file(f, paragraphs=kind == "paragraphs", rows_per_unit=rows_per_unit,
+                                                max_unit_bytes=max_unit_bytes, pool=pool), files)
+        for f, got in zip(files, scanned):
+            if isinstance(got, Exception):
+                raise got
+            found, blank, first_row = got
+            blanks += blank
+            if inspect is not None and first_row is not None:
+                inspect(f, first_row)
+            per_file.append(found)
     return LineUnitTable(list(files), *unit_columns(per_file), kind, blanks)
 
 

@@ -1,0 +1,114 @@
+"""Listing remote files at once: many files in parallel, each file's blocks in parallel.
+
+Listing a jsonl or text source reads every file whole, because its units are line
+ranges (text_files.py). From local disk that runs at the page cache's speed. From an
+object store it ran one file after another, and each file one ``CHUNK_BYTES`` block
+after another, so every block cost a request's latency and its transfer on one
+connection. Behind 100 ms and 20 MB/s per connection, 15 MB in 9 jsonl files took
+3.2 s to list: 34x local disk's whole first batch (benchmarks/remote.py --format jsonl).
+
+Here a remote source's files are listed ``LIST_THREADS`` at a time (`each_file`, which
+parquet's footers use too). A remote file that is not compressed is read by positional
+reads of ``BLOCK_BYTES``, up to ``BLOCKS_AHEAD`` of them in flight (`blocks_at_once`),
+because a store's bandwidth is per connection. The scan takes the blocks in file order,
+so it sees the same bytes in the same order as a sequential read, and lists the same
+units. A compressed file is one stream and is still read in order, but it runs beside
+the other files. Local files are read as before, one after another.
+
+The trade-off is memory: a file being listed holds at most ``BLOCKS_AHEAD`` x
+``BLOCK_BYTES`` (8 MiB, as one sequential ``CHUNK_BYTES`` block did) and up to
+``LIST_THREADS`` files are listed at once, so a listing holds up to 256 MiB, on a remote
+source of 32 files of 8 MiB or more; the reads share ``LIST_THREADS`` threads. Figures are in benchmarks/RESULTS.md ``remote-jsonl``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Callable, Deque, Iterator, Optional, Sequence, Tuple, TypeVar
+
+from .files import SourceFile
+
+#: Files of a remote source listed at once (each costs round trips to the store).
+LIST_THREADS = 32
+#: Bytes of one positional read of a remote file being listed (50 ms at 20 MB/s).
+BLOCK_BYTES = 1 << 20
+#: Reads of one remote file in flight at once while it is listed.
+BLOCKS_AHEAD = 8
+
+BOM = b"\xef\xbb\xbf"
+
+T = TypeVar("T")
+
+
+def is_remote(files: Sequence[SourceFile]) -> bool:
+    """Whether any of ``files`` is on a filesystem other than local disk."""
+    return any(f.fs.type_name != "local" for f in files)
+
+
+def each_file(fn: Callable[[SourceFile], T], files: Sequence[SourceFile], *, name: str = "tokenloom-list"
+              ) -> Iterator[Any]:
+    """``fn(f)`` for every file, in order: its result, or the exception it raised (the caller raises
+    the first one in file order, so the error does not depend on which request finished first).
+    Remote files run ``LIST_THREADS`` at a time; local files one by one as they are asked for, from
+    the page cache (so a caller that stops at a bad file reads no further)."""
+
+    def one(f: SourceFile) -> Any:
+        try:
+            return fn(f)
+        except Exception as e:  # noqa: BLE001 - raised in file order by the caller
+            return e
+
+    if len(files) < 2 or not is_remote(files):
+        yield from (one(f) for f in files)
+        return
+    with ThreadPoolExecutor(min(LIST_THREADS, len(files)), thread_name_prefix=name) as pool:
+        yield from pool.map(one, files)
+
+
+def blocks_at_once(handle: Any, size: int, pool: ThreadPoolExecutor, *, block: int = BLOCK_BYTES,
+                   ahead: int = BLOCKS_AHEAD) -> Iterator[Tuple[int, bytes]]:
+    """What `text_files.read_blocks` yields, ``(dropped, block)`` up to an empty block, for a file
+    of ``size`` bytes read by positional reads on ``pool``, up to ``ahead`` at once. A UTF-8 byte
+    order mark at the start is dropped from the first block, and ``dropped`` is its length. A read
+    shorter than asked (the file shrank since it was listed) ends the blocks there, as a sequential
+    read would."""
+    starts = iter(range(0, size, block))
+    inflight: Deque[Tuple[int, "Future[bytes]"]] = deque()
+
+    def submit() -> None:
+        off = next(starts, None)
+        if off is not None:
+            inflight.append((off, pool.submit(handle.read_at, min(block, size - off), off)))
+
+    for _ in range(ahead):
+        submit()
+    first = True
+    try:
+        while inflight:
+            off, fut = inflight.popleft()
+            data = fut.result()
+            submit()
+            dropped = 0
+            if first:
+                first = False
+                dropped = len(BOM) if data.startswith(BOM) else 0
+            if data:
+                yield dropped, data[dropped:] if dropped else data
+            if len(data) < min(block, size - off):
+                break
+    finally:
+        for _, fut in inflight:
+            fut.cancel()
+    yield 0, b""
+
+
+@contextlib.contextmanager
+def block_pool(files: Sequence[SourceFile]) -> Iterator[Optional[ThreadPoolExecutor]]:
+    """Threads for `blocks_at_once` while ``files`` are listed: None when all are local."""
+    if not is_remote(files):
+        yield None
+        return
+    with ThreadPoolExecutor(LIST_THREADS, thread_name_prefix="tokenloom-blocks") as pool:
+        yield pool
