@@ -638,6 +638,9 @@ def test_line_units_read_ahead_resume_exactly_at_every_step(tok_path, line_files
     local, _ = line_files
     monkeypatch.setenv(readahead.ENV, "all")
     monkeypatch.setenv(readahead.ENV_BYTES, "3K")  # about a unit ahead
+    from tokenloom.pipes.sources import unit_readahead
+
+    monkeypatch.setattr(unit_readahead, "PART_BYTES", 700)  # units in parts (the workers fork with it)
     files = {"j": os.path.join(local, "*.jsonl"), "t": os.path.join(local, "*.txt")}
     check_loader_resume(lambda: pretrain(files, tokenizer=tok_path, num_workers=2, **LINE_ARGS), steps=[1, 5], total=10)
 
@@ -723,3 +726,63 @@ def test_a_remote_jsonl_source_is_listed_in_a_few_round_trips(slow_store, line_f
     assert len(units.files) == 12 and units.total_rows > 0
     # the glob's listing, then each file's open, first bytes, open and blocks: 5 round trips, with room for a busy machine
     assert took < 10 * LATENCY, (took, len(log))
+
+
+def test_line_units_longer_than_a_part_are_fetched_in_parts_and_read_the_same(line_files, monkeypatch):
+    """A unit longer than PART_BYTES is fetched as several reads at once (here parts of 97 bytes): the same
+    documents as reading it in one piece; a part that comes back short is an error naming the unit, not a hole."""
+    from tokenloom.pipes import ReadJsonl, list_jsonl_units
+    from tokenloom.pipes.sources import unit_readahead
+
+    local, _ = line_files
+    units = list_jsonl_units(resolve_files(os.path.join(local, "*.jsonl"), "jsonl"))
+
+    def docs():
+        node = ReadJsonl(ShardUnits(units.rows, shard=0, num_shards=1, seed=3, epochs=1), units, source="j")
+        node.reset()
+        return [d.text for d in node], node
+
+    monkeypatch.setenv(readahead.ENV, "0")
+    want, _ = docs()
+    monkeypatch.setenv(readahead.ENV, "all")
+    monkeypatch.setattr(unit_readahead, "PART_BYTES", 97)
+    real, sizes = readahead._read_range, []
+
+    def counted(handle, off, n):
+        sizes.append(n)
+        return real(handle, off, n)
+
+    monkeypatch.setattr(unit_readahead, "_read_range", counted)
+    got, node = docs()
+    assert got == want and max(sizes) == 97 and len(sizes) > 2 * len(units.rows)
+    assert node.readahead_stats()["ready"] + node.readahead_stats()["waited"] > 0
+
+    class Short:  # a file that ends early: every read comes back a byte short
+        def __init__(self, handle):
+            self.handle = handle
+
+        def read_at(self, n, off):
+            return self.handle.read_at(n, off)[:-1]
+
+    monkeypatch.setattr(unit_readahead, "_read_range", lambda handle, off, n: real(Short(handle), off, n))
+    with pytest.raises(RuntimeError, match=r"cannot read .*part-\d+\.jsonl.*bytes of 97"):
+        docs()
+
+
+def test_line_unit_sources_fetch_their_first_units_at_once_in_a_worker(slow_store, line_files, tok_path):
+    """In a loader worker a line reader's fetches start at reset: the first units of two sources reach the store
+    together (they came one source after the other, the second after the first one's unit was read)."""
+    uri, log = slow_store
+    _, prefix = line_files
+    base = uri(prefix)
+    sources = {"j": base.replace("*.parquet", "*.jsonl"), "t": base.replace("*.parquet", "*.txt")}
+    loader = pretrain(sources, tokenizer=tok_path, num_workers=1, **LINE_ARGS)
+    built = time.monotonic()
+    next(iter(loader))
+    first = {}
+    for arrived, _, method, path, rng in log:
+        if method == "GET" and arrived > built and rng:
+            kind = path.rsplit(".", 1)[-1]
+            first[kind] = min(first.get(kind, arrived), arrived)
+    assert set(first) == {"jsonl", "txt"}, log
+    assert abs(first["jsonl"] - first["txt"]) < LATENCY / 2, first
