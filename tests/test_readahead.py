@@ -729,8 +729,9 @@ def test_a_remote_jsonl_source_is_listed_in_a_few_round_trips(slow_store, line_f
 
 
 def test_line_units_longer_than_a_part_are_fetched_in_parts_and_read_the_same(line_files, monkeypatch):
-    """A unit longer than PART_BYTES is fetched as several reads at once (here parts of 97 bytes): the same
-    documents as reading it in one piece; a part that comes back short is an error naming the unit, not a hole."""
+    """A unit longer than PART_BYTES that the reader waits for is fetched as several reads at once (here parts
+    of 97 bytes): the same documents as reading it in one piece; a part that comes back short is an error
+    naming the unit, not a hole."""
     from tokenloom.pipes import ReadJsonl, list_jsonl_units
     from tokenloom.pipes.sources import unit_readahead
 
@@ -754,7 +755,7 @@ def test_line_units_longer_than_a_part_are_fetched_in_parts_and_read_the_same(li
 
     monkeypatch.setattr(unit_readahead, "_read_range", counted)
     got, node = docs()
-    assert got == want and max(sizes) == 97 and len(sizes) > 2 * len(units.rows)
+    assert got == want and sizes.count(97) > 2, sizes
     assert node.readahead_stats()["ready"] + node.readahead_stats()["waited"] > 0
 
     class Short:  # a file that ends early: every read comes back a byte short
