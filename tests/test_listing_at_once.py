@@ -83,3 +83,14 @@ def test_local_files_are_listed_only_as_far_as_the_caller_reads():
     next(it), next(it)
     assert len(seen) == 2
     assert listing_at_once.is_remote(files) is False
+
+
+@settings(max_examples=200, deadline=None)
+@given(chunks=st.lists(st.binary(max_size=8).map(lambda b: b.replace(b"[", b"x")) | st.sampled_from([b" ", b"\n\t", b"["]),
+                       max_size=8))
+def test_first_byte_of_finds_the_first_non_whitespace_byte_and_gives_every_block_back(chunks):
+    blocks = [(0, c) for c in chunks if c] + [(0, b"")]
+    whole = b"".join(c for _, c in blocks)
+    head, again = listing_at_once.first_byte_of(iter(blocks))
+    assert head == whole.lstrip()[:1]
+    assert list(again) == blocks

@@ -700,7 +700,8 @@ def test_remote_line_listing_reads_blocks_at_once_and_lists_what_local_disk_list
         reads.append(size)
         return real(handle, size, pool, block=1000, **kw)
 
-    monkeypatch.setattr(sys.modules["tokenloom.pipes.sources.text_files"], "blocks_at_once", counted)
+    for module in ("text_files", "jsonl"):
+        monkeypatch.setattr(sys.modules[f"tokenloom.pipes.sources.{module}"], "blocks_at_once", counted)
     lister = (lambda spec: list_jsonl_units(resolve_files(spec, "jsonl"), rows_per_unit=7)) if kind == "jsonl" else \
         (lambda spec: list_text_units(resolve_files(spec, "txt"), mode="paragraphs", rows_per_unit=5))
     on_disk = lister(os.path.join(local, f"*.{kind}"))
@@ -787,3 +788,37 @@ def test_line_unit_sources_fetch_their_first_units_at_once_in_a_worker(slow_stor
             first[kind] = min(first.get(kind, arrived), arrived)
     assert set(first) == {"jsonl", "txt"}, log
     assert abs(first["jsonl"] - first["txt"]) < LATENCY / 2, first
+
+
+
+def test_a_remote_jsonl_file_is_opened_once_to_be_listed(slow_store, line_files, s3):
+    """Listing a remote jsonl file opens it once: its first reads tell a JSON array apart (a separate open
+    and read of its first 64 KB came first), and an array file on S3 lists as on local disk."""
+    from tokenloom.pipes import list_jsonl_units
+
+    uri, log = slow_store
+    local, prefix = line_files
+    spec = uri(prefix).replace("*.parquet", "*.jsonl")
+    del log[:]
+    list_jsonl_units(resolve_files(spec, "jsonl"))
+    heads = [path for _, _, method, path, _ in log if method == "HEAD" and path.endswith(".jsonl")]
+    assert len(heads) == len(set(heads)) == 12, heads
+    assert not any(rng == "bytes=0-65535" for *_, rng in log), log
+
+    endpoint, access, secret, _, texts = s3
+    client = boto3.client("s3", endpoint_url=f"http://{endpoint}", region_name="us-east-1", aws_access_key_id=access,
+                          aws_secret_access_key=secret)
+    mixed = os.path.join(local, "..", "mixed-layouts")
+    os.makedirs(mixed, exist_ok=True)
+    with open(os.path.join(mixed, "a.json"), "w") as f:
+        f.write("  \n" + json.dumps([{"text": t} for t in texts[:40]], indent=1))
+    with open(os.path.join(mixed, "b.jsonl"), "w") as f:
+        f.writelines(json.dumps({"text": t}) + "\n" for t in texts[40:90])
+    for name in ("a.json", "b.jsonl"):
+        with open(os.path.join(mixed, name), "rb") as f:
+            client.put_object(Bucket=BUCKET, Key=f"mixed-layouts/{name}", Body=f.read())
+    on_disk = list_jsonl_units(resolve_files(os.path.join(mixed, "*"), "jsonl"), rows_per_unit=7)
+    remote = list_jsonl_units(resolve_files(_uri(s3, f"{BUCKET}/mixed-layouts/*"), "jsonl"), rows_per_unit=7)
+    assert list(remote.arrays) == list(on_disk.arrays) == [True, False]
+    for col in ("file", "start", "end", "first_line", "rows"):
+        assert np.array_equal(getattr(remote, col), getattr(on_disk, col)), col

@@ -58,7 +58,7 @@ from ..items import Doc
 from ..shard import ShardUnits, WorkSlice
 from .compressed import CompressedUnitBytes, compression_of, content_key, merge_units, open_decompressed
 from .files import SourceFile, sft_advice
-from .listing_at_once import block_pool, each_file
+from .listing_at_once import block_pool, blocks_at_once, each_file, first_byte_of
 from .json_array import first_byte, scan_array, split_elements
 from .text_files import MAX_UNIT_BYTES, CursorReader, LineUnitTable, SkipCount, UnitCursor, scan_file, unit_columns
 
@@ -203,6 +203,17 @@ def list_jsonl_units(files: Sequence[SourceFile], *, field: Optional[str] = "tex
         compressed = compression_of(f.path) is not None
         opener = open_decompressed if compressed else SourceFile.open
         try:
+            if pool is not None and not compressed:  # remote: one open, its first reads tell an array apart
+                with f.open() as handle:
+                    blocks = blocks_at_once(handle, handle.size(), pool)
+                    try:
+                        head, again = first_byte_of(blocks)
+                        if head != b"[":
+                            found, blank, first = scan_file(f, paragraphs=False, rows_per_unit=rows_per_unit,
+                                                            max_unit_bytes=max_unit_bytes, blocks=again)
+                            return compressed, False, found, blank, first, found[-1][1] if found else 0
+                    finally:
+                        blocks.close()  # reads in flight end before the handle closes
             array = first_byte(f, opener) == b"["
             if array:
                 found, first, size = scan_array(f, opener, rows_per_unit=rows_per_unit, max_unit_bytes=max_unit_bytes)

@@ -10,7 +10,8 @@ connection. Behind 100 ms and 20 MB/s per connection, 15 MB in 9 jsonl files too
 Here a remote source's files are listed ``LIST_THREADS`` at a time (`each_file`, which
 parquet's footers use too). A remote file that is not compressed is read by positional
 reads of ``BLOCK_BYTES``, up to ``BLOCKS_AHEAD`` of them in flight (`blocks_at_once`),
-because a store's bandwidth is per connection. The scan takes the blocks in file order,
+because a store's bandwidth is per connection; a jsonl file's first bytes (is it one JSON
+array?) come from the same reads (`first_byte_of`), so a file costs an open and its reads. The scan takes the blocks in file order,
 so it sees the same bytes in the same order as a sequential read, and lists the same
 units. A compressed file is one stream and is still read in order, but it runs beside
 the other files. Local files are read as before, one after another.
@@ -24,8 +25,9 @@ source of 32 files of 8 MiB or more; the reads share ``LIST_THREADS`` threads. F
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any, Callable, Deque, Iterator, Optional, Sequence, Tuple, TypeVar
 
 from .files import SourceFile
@@ -98,10 +100,25 @@ def blocks_at_once(handle: Any, size: int, pool: ThreadPoolExecutor, *, block: i
                 yield dropped, data[dropped:] if dropped else data
             if len(data) < min(block, size - off):
                 break
-    finally:
+    finally:  # left early (an error, or a caller that has seen enough): no read outlives the handle
         for _, fut in inflight:
             fut.cancel()
+        wait([fut for _, fut in inflight])
     yield 0, b""
+
+
+def first_byte_of(blocks: Iterator[Tuple[int, bytes]]) -> Tuple[bytes, Iterator[Tuple[int, bytes]]]:
+    """The first byte of ``blocks`` that is not ASCII whitespace (``b""`` if none: is the file a JSON
+    array?), and the blocks again from the first, so one read of the file serves both."""
+    seen = []
+    for dropped, chunk in blocks:
+        seen.append((dropped, chunk))
+        stripped = chunk.lstrip()
+        if stripped:
+            return stripped[:1], itertools.chain(seen, blocks)
+        if not chunk:
+            break
+    return b"", iter(seen)
 
 
 @contextlib.contextmanager
