@@ -16,7 +16,8 @@ from .schedule import StepClock
 from .shard import EpochPlan, ShardUnits, WorkSlice, plan_epoch, plan_shards
 from .sources.files import SourceFile, fingerprint_files, resolve_files
 from .stats import WithStats, format_stats
-from .sources.text_files import LineUnitTable, ReadText, list_text_units
+from .sources.line_listing import list_text_units
+from .sources.text_files import LineUnitTable, ReadText
 from .tokenize import Tokenize
 from .tokenizer import Encoder, load_encoder
 

@@ -20,9 +20,10 @@ import pytest
 
 from tokenloom.pipes import (Batch, BestFitPack, ShardContext, ShardUnits, Tokenize, TokenLoomLoader,
                              load_encoder, resolve_files)
-from tokenloom.pipes.sources import text_files
+from tokenloom.pipes.sources import line_listing
 from tokenloom.pipes.sources.jsonl import ReadJsonl, list_jsonl_units
-from tokenloom.pipes.sources.text_files import ReadText, list_text_units
+from tokenloom.pipes.sources.line_listing import list_text_units
+from tokenloom.pipes.sources.text_files import ReadText
 
 from .conftest import synthetic_texts
 from .resume import check_loader_resume, check_node_resume
@@ -266,8 +267,8 @@ def test_fuzz_against_the_line_by_line_reference(tmp_path, monkeypatch, chunk, v
     """Random bytes of whitespace, text, CR and LF, listed with tiny read chunks (so lines
     and BOMs straddle chunk edges) through both blank-line checks, must give exactly the
     reference's documents."""
-    monkeypatch.setattr(text_files, "CHUNK_BYTES", chunk)
-    monkeypatch.setattr(text_files, "_VECTOR_STEPS", vector_steps)
+    monkeypatch.setattr(line_listing, "CHUNK_BYTES", chunk)
+    monkeypatch.setattr(line_listing, "_VECTOR_STEPS", vector_steps)
     rng = np.random.default_rng(chunk * 7 + vector_steps)
     alphabet = [" ", "\t", "\r", "\n", "\n", "\n", "x", "é", "😀", "\x0b", "ab"]
     for case in range(25):

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from tokenloom.pipes.sources import listing_at_once
 from tokenloom.pipes.sources.listing_at_once import BOM, blocks_at_once, each_file
-from tokenloom.pipes.sources.text_files import read_blocks
+from tokenloom.pipes.sources.line_listing import read_blocks
 
 
 @pytest.fixture(scope="module")

@@ -32,7 +32,7 @@ import pytest
 from tokenloom.pipes import ReadParquet, ShardUnits, list_parquet_units, resolve_files
 from tokenloom.pipes.shard import WorkSlice
 from tokenloom.pipes.sources import parquet as parquet_mod
-from tokenloom.pipes.sources import listing_at_once, readahead
+from tokenloom.pipes.sources import first_fetches, listing_at_once, readahead
 from tokenloom.pipes.sources.cache import build_cache
 from tokenloom.pipes.sources.files import process_fs
 from tokenloom.pipes.stats import format_stats
@@ -291,7 +291,7 @@ def test_first_fetches_join_nearby_ranges_into_few_requests(local, monkeypatch):
         calls.append(n)
         return real(handle, off, n)
 
-    monkeypatch.setattr(readahead, "_read_range", counted)
+    monkeypatch.setattr(first_fetches, "_read_range", counted)
     handles = [f.open() for f in units.files]
     items = []
     for u in range(len(units.rows)):
@@ -300,9 +300,9 @@ def test_first_fetches_join_nearby_ranges_into_few_requests(local, monkeypatch):
         items.append(((i, rg), handles[i], units.files[i].size,
                       readahead.chunk_ranges(meta, rg, ["text"], units.files[i].size)))
     total = sum(n for *_, ranges in items for _, n in ranges)
-    first = readahead.FirstFetches(items)
+    first = first_fetches.FirstFetches(items)
     assert first.wait(30) and first.errors == 0
-    assert len(calls) <= len(units.files) + total // readahead.FIRST_PART + 1 < len(items), calls
+    assert len(calls) <= len(units.files) + total // first_fetches.FIRST_PART + 1 < len(items), calls
     for key, _, size, ranges in items:
         got_size, chunks = first.take(key)
         assert got_size == size
@@ -542,7 +542,7 @@ def _first_units(units, shards, num_shards, seed, epochs):
                 keys.append(key)
                 ranges = readahead.chunk_ranges(metas[key[0]], key[1], ["text"], units.files[key[0]].size)
                 need[g] = need.get(g, 0) + sum(n for _, n in ranges)
-            if need.get(g, 0) >= readahead.FIRST_SHARD_BYTES or looked[g] >= readahead.DEPTH:
+            if need.get(g, 0) >= first_fetches.FIRST_SHARD_BYTES or looked[g] >= readahead.DEPTH:
                 live.remove(g)
     return keys
 
@@ -646,7 +646,7 @@ def test_line_units_read_ahead_resume_exactly_at_every_step(tok_path, line_files
 
 
 def test_line_unit_fetch_error_names_the_unit(line_files, monkeypatch):
-    from tokenloom.pipes.sources.text_files import list_text_units
+    from tokenloom.pipes.sources.line_listing import list_text_units
     from tokenloom.pipes import ReadText
 
     local, _ = line_files
@@ -690,7 +690,7 @@ def test_remote_line_listing_reads_blocks_at_once_and_lists_what_local_disk_list
     """Files of a remote source are scanned at once, each by positional reads of BLOCK_BYTES (small here, so
     lines cross blocks): the units, line numbers and blank lines are those listed from local disk."""
     from tokenloom.pipes import list_jsonl_units
-    from tokenloom.pipes.sources.text_files import list_text_units
+    from tokenloom.pipes.sources.line_listing import list_text_units
 
     local, prefix = line_files
     monkeypatch.setattr(listing_at_once, "BLOCK_BYTES", 1000)
@@ -700,7 +700,7 @@ def test_remote_line_listing_reads_blocks_at_once_and_lists_what_local_disk_list
         reads.append(size)
         return real(handle, size, pool, block=1000, **kw)
 
-    for module in ("text_files", "jsonl"):
+    for module in ("line_listing", "jsonl"):
         monkeypatch.setattr(sys.modules[f"tokenloom.pipes.sources.{module}"], "blocks_at_once", counted)
     lister = (lambda spec: list_jsonl_units(resolve_files(spec, "jsonl"), rows_per_unit=7)) if kind == "jsonl" else \
         (lambda spec: list_text_units(resolve_files(spec, "txt"), mode="paragraphs", rows_per_unit=5))

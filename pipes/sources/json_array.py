@@ -36,7 +36,7 @@ from typing import Any, Callable, List, Optional, Tuple
 import numpy as np
 
 from .files import SourceFile
-from .text_files import CHUNK_BYTES, _WS, _UnitBuilder, read_blocks
+from .line_listing import CHUNK_BYTES, _WS, _UnitBuilder, read_blocks
 
 QUOTE, BACKSLASH, COMMA, NEWLINE = 34, 92, 44, 10
 OPENERS = (ord("["), ord("{"))

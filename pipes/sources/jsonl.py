@@ -60,7 +60,8 @@ from .compressed import CompressedUnitBytes, compression_of, content_key, merge_
 from .files import SourceFile, sft_advice
 from .listing_at_once import block_pool, blocks_at_once, each_file, first_byte_of
 from .json_array import first_byte, scan_array, split_elements
-from .text_files import MAX_UNIT_BYTES, CursorReader, LineUnitTable, SkipCount, UnitCursor, scan_file, unit_columns
+from .line_listing import MAX_UNIT_BYTES, scan_file, unit_columns
+from .text_files import CursorReader, LineUnitTable, SkipCount, UnitCursor
 
 log = logging.getLogger(__name__)
 

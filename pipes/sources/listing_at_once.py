@@ -1,7 +1,7 @@
 """Listing remote files at once: many files in parallel, each file's blocks in parallel.
 
 Listing a jsonl or text source reads every file whole, because its units are line
-ranges (text_files.py). From local disk that runs at the page cache's speed. From an
+ranges (line_listing.py). From local disk that runs at the page cache's speed. From an
 object store it ran one file after another, and each file one ``CHUNK_BYTES`` block
 after another, so every block cost a request's latency and its transfer on one
 connection. Behind 100 ms and 20 MB/s per connection, 15 MB in 9 jsonl files took
@@ -71,7 +71,7 @@ def each_file(fn: Callable[[SourceFile], T], files: Sequence[SourceFile], *, nam
 
 def blocks_at_once(handle: Any, size: int, pool: ThreadPoolExecutor, *, block: int = BLOCK_BYTES,
                    ahead: int = BLOCKS_AHEAD) -> Iterator[Tuple[int, bytes]]:
-    """What `text_files.read_blocks` yields, ``(dropped, block)`` up to an empty block, for a file
+    """What `line_listing.read_blocks` yields, ``(dropped, block)`` up to an empty block, for a file
     of ``size`` bytes read by positional reads on ``pool``, up to ``ahead`` at once. A UTF-8 byte
     order mark at the start is dropped from the first block, and ``dropped`` is its length. A read
     shorter than asked (the file shrank since it was listed) ends the blocks there, as a sequential

@@ -59,7 +59,8 @@ from ..items import Doc
 from ..shard import ShardUnits, WorkSlice
 from .files import FileChangedError, FileUnits, OpenFiles, SourceFile, sft_advice
 from .listing_at_once import each_file
-from .readahead import FirstFetches, RowGroupReadAhead, budget_for
+from .first_fetches import FirstFetches
+from .readahead import RowGroupReadAhead, budget_for
 from .text_files import CursorReader, SkipCount, UnitCursor
 
 log = logging.getLogger(__name__)
@@ -267,12 +268,13 @@ def start_first_fetches(units: UnitTable, column: str, *, shards: Sequence[int],
                         epochs: Optional[int], readahead: Optional[int] = None,
                         forks: Optional[int] = None) -> Optional[FirstFetches]:
     """Start fetching, in this process, the first units ``shards`` will read of a remote source whose
-    footers are shipped (`FirstFetches`, readahead.py): per shard, units until `FIRST_SHARD_BYTES` (at
+    footers are shipped (`FirstFetches`, first_fetches.py): per shard, units until `FIRST_SHARD_BYTES` (at
     least one, at most `DEPTH` looked at), round-robin over the shards while the source's `FIRST_BYTES` last,
     with the handles listing opened (closed once fetched); the bytes are let go after ``forks``
     forks of this process (the loader's workers; None: kept). ``units.first`` is set; None when
     nothing is fetched (local files, read-ahead off, footers not shipped, or no handles)."""
-    from .readahead import DEPTH, FIRST_BYTES, FIRST_SHARD_BYTES, chunk_ranges
+    from .first_fetches import FIRST_BYTES, FIRST_SHARD_BYTES
+    from .readahead import DEPTH, chunk_ranges
 
     handles, units.handles = units.handles, None
     try:

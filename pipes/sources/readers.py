@@ -36,7 +36,8 @@ from .parquet import LIST, TEXT, ReadParquet
 from ..shard import ShardUnits
 from .fingerprint import source_fingerprint
 from .files import COMPRESSIONS, FORMAT_SUFFIXES, SourceFile, SourceSpec, resolve_files
-from .text_files import ReadText, list_text_units
+from .line_listing import list_text_units
+from .text_files import ReadText
 
 TEXT_MODES = ("file", "paragraphs")
 

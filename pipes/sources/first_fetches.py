@@ -1,0 +1,211 @@
+"""The first row groups of a remote source, fetched by the process that builds the loader.
+
+A loader worker that starts from nothing opens its files (pyarrow's size lookup, one round
+trip per file and process) and fetches its first units (another) after the fork, and it
+waits for them. The process that builds the loader has the files open already (listing
+read their footers), so it fetches the units its workers read first, in the background
+from the moment listing ends, and a fork waits for those fetches: a worker starts with their
+bytes in its memory and takes them by key (readahead.py's `RowGroupReadAhead`).
+
+How much: per shard, units until ``FIRST_SHARD_BYTES`` (1 MiB; at least one, at most
+``DEPTH`` looked at), enough to tokenize while the worker opens its files and its own
+fetches come back. Within a file, ranges less than ``FIRST_HOLE`` apart are joined into
+requests of up to ``FIRST_PART``: the first MiB of a shard can be dozens of small row
+groups, and requests beyond the pool's threads wait a round trip. Behind 100 ms and
+20 MB/s (benchmarks/remote.py) 4 units a shard left a worker waiting ~0.15 s in its first
+batches on a source of 25 KB row groups; 1 MiB does not. The building process holds at
+most ``FIRST_BYTES`` a source, and lets go of them once its workers have forked.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import weakref
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from .readahead import Key, _parts, _pool, _read_range
+
+
+# --- the first row groups, fetched by the process that builds the loader ---------------------------------
+
+#: Bytes of its workers' first row groups the process that builds a loader fetches, at most per source.
+FIRST_BYTES = 32 << 20
+#: Bytes fetched first per source and shard (at least one unit, at most ``DEPTH``): enough for a worker to
+#: tokenize while it opens its files and its own first fetches come back (two round trips and a transfer,
+#: ~0.25 s behind 100 ms, ~0.5 MB of tokens at the 60/40 mix of benchmarks/remote.py).
+FIRST_SHARD_BYTES = 1 << 20
+#: First fetches of one file closer than this are one request ...
+FIRST_HOLE = 64 << 10
+#: ... up to this many bytes: a few short requests at once instead of one per unit (the units of a shard's
+#: first MiB can be dozens of small row groups, and requests beyond the pool's threads wait a round trip).
+FIRST_PART = 512 << 10
+#: Seconds a fork waits for first fetches still in flight (see `FirstFetches`).
+FIRST_WAIT = 30.0
+
+#: First fetches with requests in flight in this process (a fork waits for them).
+_FIRST_LIVE: "weakref.WeakSet[FirstFetches]" = weakref.WeakSet()
+_LIVE_LOCK = threading.Lock()
+
+
+def first_requests(items: Sequence[Tuple[Key, Any, int, List[Tuple[int, int]]]]) -> List[tuple]:
+    """The requests that fetch ``items`` (see `FirstFetches`): ``(handle, offset, length, members)``, where
+    ``members`` are the ``(key, offset, length)`` ranges of units inside it. Ranges longer than ``PART_BYTES``
+    are split as a reader splits them; then, file by file in offset order, ranges less than ``FIRST_HOLE``
+    apart are joined while the request stays within ``FIRST_PART`` bytes (the holes are fetched too)."""
+    by_file: Dict[int, List[Tuple[int, int, Key]]] = {}
+    handles: Dict[int, Any] = {}
+    for key, handle, _, ranges in items:
+        handles[key[0]] = handle
+        by_file.setdefault(key[0], []).extend((off, n, key) for off, n in _parts(ranges))
+    out: List[tuple] = []
+    for i, spans in by_file.items():
+        spans.sort()
+        cur: Optional[list] = None
+        for off, n, key in spans:
+            if cur is not None and off - (cur[1] + cur[2]) <= FIRST_HOLE and off + n - cur[1] <= FIRST_PART:
+                cur[2] = max(cur[2], off + n - cur[1])
+                cur[3].append((key, off, n))
+            else:
+                cur = [handles[i], off, n, [(key, off, n)]]
+                out.append(cur)
+    return [tuple(r) for r in out]
+
+
+class FirstFetches:
+    """Row groups a loader's workers will read first, fetched in the background by the process that
+    builds the loader, from the moment listing has read the footers: a worker then finds its first
+    units' bytes in its memory when it starts, instead of opening their files (pyarrow's size lookup,
+    one round trip per file and process) and fetching them (another) after the fork.
+
+    ``items`` are ``(key, handle, file size, ranges)``: the handle listing opened the file with, and
+    the ranges a worker would fetch (`chunk_ranges`); they are fetched in a few requests at once
+    (`first_requests`). Bytes are matched by key, so a worker whose
+    position is elsewhere (a restore) just finds nothing (the bytes of a key do not depend on who reads
+    it: what comes does not change). A fork waits until the requests in flight have ended (at most
+    ``FIRST_WAIT`` s): the bytes are then in the child's copy of the memory, and no S3 client of the
+    parent is mid-request (a child's new client would wait for those requests forever). A spawned
+    worker gets the bytes fetched so far with the pickled units. The building process lets go of the
+    bytes (at most ``FIRST_BYTES`` a source) once it has forked ``forks`` times (its loader's workers):
+    so they are not held for the run, nor handed to workers started again later (a second pass without
+    persistent workers fetches its own, as the files are then).
+    """
+
+    def __init__(self, items: Sequence[Tuple[Key, Any, int, List[Tuple[int, int]]]], close: Sequence[Any] = (),
+                 forks: Optional[int] = None):
+        self._cond = threading.Condition(threading.Lock())
+        self._chunks: Dict[Key, Tuple[int, List[Tuple[int, bytes]]]] = {}
+        self._sizes = {key: sum(n for _, n in ranges) for key, _, _, ranges in items}
+        self._left = 0
+        self.forks_left = forks
+        self.errors = 0
+        requests = first_requests(items)
+        if not requests:
+            _close_all(close)
+            return
+        self._left = len(requests)
+        file_size = {key: size for key, _, size, _ in items}
+        got: Dict[Key, List[Tuple[int, bytes]]] = {key: [] for key, _, _, _ in items}
+        missing = {key: len(_parts(ranges)) for key, _, _, ranges in items}
+        failed: set = set()
+        with _LIVE_LOCK:
+            _FIRST_LIVE.add(self)
+
+        def fetch(handle: Any, off: int, n: int, members: List[Tuple[Key, int, int]]) -> None:
+            data = None
+            try:
+                data = _read_range(handle, off, n)
+            except BaseException:  # noqa: BLE001 - the worker fetches these units itself
+                pass
+            with self._cond:
+                for key, o, m in members:
+                    if data is None:
+                        failed.add(key)
+                    else:
+                        got[key].append((o, data if (o, m) == (off, n) else data[o - off:o - off + m]))
+                    missing[key] -= 1
+                    if missing[key] == 0 and key not in failed:
+                        self._chunks[key] = (file_size[key], got.pop(key))
+                if data is None:
+                    self.errors += 1
+                self._left -= 1
+                last = self._left == 0
+                if last:
+                    self._cond.notify_all()
+            if last:
+                _close_all(close)  # the handles listing opened: the workers open their own
+
+        pool = _pool()
+        for handle, off, n, members in requests:
+            pool.submit(lambda a=(handle, off, n, members): fetch(*a))
+
+    def size(self, key: Key) -> Optional[int]:
+        """The bytes of unit ``key`` if it was fetched (or is being fetched) here, else None."""
+        return self._sizes.get(key)
+
+    def take(self, key: Key) -> Optional[Tuple[int, List[Tuple[int, bytes]]]]:
+        """``(file size, [(offset, bytes), ...])`` of unit ``key``, fetched and not taken yet, else None."""
+        with self._cond:
+            out = self._chunks.pop(key, None)
+        if out is not None:
+            self._sizes.pop(key, None)
+        return out
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        """Wait until no request is in flight; whether none is."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._left == 0, timeout)
+
+    def forked(self) -> None:
+        """In the building process, after a fork: past ``forks`` of them, let go of the bytes."""
+        if self.forks_left is None:
+            return
+        self.forks_left -= 1
+        if self.forks_left <= 0:
+            with self._cond:
+                self._chunks.clear()
+                self._sizes.clear()
+
+    def __getstate__(self) -> Dict[str, Any]:
+        with self._cond:
+            chunks = dict(self._chunks)
+        return {"chunks": chunks}
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._chunks = state["chunks"]
+        self._sizes = {key: sum(len(d) for _, d in chunks) for key, (_, chunks) in self._chunks.items()}
+        self._left, self.errors, self.forks_left = 0, 0, None
+
+
+def _close_all(handles: Sequence[Any]) -> None:
+    for h in handles:
+        try:
+            h.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def _before_fork() -> None:
+    """A fork waits for the first fetches in flight (see `FirstFetches`)."""
+    with _LIVE_LOCK:
+        live = list(_FIRST_LIVE)
+    deadline = time.monotonic() + FIRST_WAIT
+    for ff in live:
+        ff.wait(max(0.0, deadline - time.monotonic()))
+
+
+def _after_fork_in_parent() -> None:
+    with _LIVE_LOCK:
+        live = list(_FIRST_LIVE)
+    for ff in live:
+        ff.forked()
+
+
+def _after_fork_in_child() -> None:
+    global _LIVE_LOCK
+    _LIVE_LOCK = threading.Lock()
+
+
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child)
