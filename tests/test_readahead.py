@@ -822,3 +822,36 @@ def test_a_remote_jsonl_file_is_opened_once_to_be_listed(slow_store, line_files,
     assert list(remote.arrays) == list(on_disk.arrays) == [True, False]
     for col in ("file", "start", "end", "first_line", "rows"):
         assert np.array_equal(getattr(remote, col), getattr(on_disk, col)), col
+
+
+def test_fill_plan_ends_on_an_endless_plan_of_one_unit():
+    """A small file is one unit, and an endless stream plans it every epoch: the plan skips its repeats, and
+    looks at LOOK_PER_DEPTH keys per unit of depth at most (it looked forever: a worker hung at its reset)."""
+    from collections import deque
+    from itertools import repeat
+
+    ahead = deque()
+    assert readahead.fill_plan(ahead, repeat((0, 0)), 16, None) == (0, 0) and list(ahead) == [(0, 0)]
+    keys = iter([None] * 100 + [(1, 0)])
+    assert readahead.fill_plan(ahead, keys, 16, None) is None and list(ahead) == [(0, 0)]  # 64 looked at
+    readahead.fill_plan(ahead, keys, 16, None)
+    assert list(ahead) == [(0, 0), (1, 0)]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", ["parquet", "jsonl"])
+def test_an_endless_source_of_one_unit_reads_ahead_in_a_worker(tmp_path, tok_path, monkeypatch, kind):
+    """One file of one unit, an endless stream, read-ahead on, in a loader worker (whose read-ahead plans at
+    reset): batches come (the worker hung planning the unit's repeats, epoch after epoch)."""
+    texts = [f"document {i} " + "word " * (i % 7) for i in range(30)]
+    if kind == "parquet":
+        write_corpus(str(tmp_path), texts, files=1, row_group_size=100)
+        spec = str(tmp_path / "*.parquet")
+    else:
+        with open(tmp_path / "one.jsonl", "w") as f:
+            f.writelines(json.dumps({"text": t}) + "\n" for t in texts)
+        spec = str(tmp_path / "*.jsonl")
+    monkeypatch.setenv(readahead.ENV, "all")
+    want = list(islice(pretrain(spec, tokenizer=tok_path, num_workers=0, **ARGS), 12))
+    got = list(islice(pretrain(spec, tokenizer=tok_path, num_workers=1, **ARGS), 12))
+    assert len(got) == 12 and all(items_equal(a, b) for a, b in zip(want, got))

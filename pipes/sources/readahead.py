@@ -227,10 +227,18 @@ def _start_waiting() -> None:
         ra._start()
 
 
+#: Keys `fill_plan` looks at per call, at most, per unit of depth: an endless plan of one unit (a small
+#: file, every epoch) yields that unit forever, and skipping its repeats must end somewhere.
+LOOK_PER_DEPTH = 4
+
+
 def fill_plan(ahead: Deque[Any], keys: Iterator[Any], depth: int, last: Any) -> Any:
     """Append the next keys to ``ahead`` until it holds ``depth``: ``None`` (a unit read some other way)
-    is skipped and a unit read again at once is not fetched twice. Returns the last key taken."""
-    while len(ahead) < depth:
+    is skipped and a unit read again at once is not fetched twice. At most ``LOOK_PER_DEPTH * depth``
+    keys are looked at (the next call goes on from there). Returns the last key taken."""
+    for _ in range(LOOK_PER_DEPTH * depth):
+        if len(ahead) >= depth:
+            break
         try:
             k = next(keys)
         except StopIteration:
