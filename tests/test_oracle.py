@@ -225,8 +225,10 @@ def test_stats_right_after_an_elastic_resume(tmp_path):
 
 #: Seeds of the CI run: the first ones of the driver's range plus seeds that once failed (40165: ranks
 #: that end a finite epoch with different numbers of data batches, a list loaded on the same topology
-#: with new weights, then another topology: the ranks' histories differed and the list was refused).
-SEEDS = list(range(10_000, 10_012)) + [6, 7, 8, 16, 25, 28, 40165]
+#: with new weights, then another topology: the ranks' histories differed and the list was refused),
+#: and 10035: jsonl and a JSON array read ahead (8K budget, line units in parts of 64 bytes) on 3 workers
+#: with a prefetcher, then elastic hops. Seven of the others draw read-ahead too.
+SEEDS = list(range(10_000, 10_012)) + [6, 7, 8, 16, 25, 28, 40165, 10035]
 
 
 @pytest.mark.slow
