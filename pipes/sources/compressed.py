@@ -25,6 +25,11 @@ stories; twice as slow while other jobs load the machine):
 (a read epoch: every document parsed once, units shuffled), against minutes to
 tokenize the same 100 MB.
 
+On remote storage the compressed bytes are read ahead in order (`listing_at_once.InOrder`:
+1 MiB positional reads, 8 in flight) instead of in the codec's own 64 KB reads, a request
+each: 2.8 MB of gzip (12.6 MB of jsonl) behind 100 ms and 20 MB/s read in 1.14 s an
+epoch instead of 5.4 s, and listed in 1.7 s instead of 2.8 s.
+
 Content key (fingerprint.py): a hash of the file's last 64 compressed bytes and
 where its data ends once decompressed (found by the listing). The tail of a gzip
 or bz2 file holds a CRC of the whole content, and so does a zstd file's when it
@@ -41,6 +46,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import pyarrow as pa
 
 from .files import COMPRESSIONS, OpenFiles, SourceFile
+from .listing_at_once import InOrder
 from .text_files import LineUnitTable, UnitBytes
 
 #: At most this many units per compressed file (see the module docstring).
@@ -73,6 +79,8 @@ def open_decompressed(f: SourceFile, *, unchanged: bool = False):
     codec = compression_of(f.path)
     check_codec(f, codec)
     raw = f.open_unchanged() if unchanged else f.open()
+    if f.fs.type_name != "local":  # the codec's 64 KB reads, a request each: read ahead in order instead
+        raw = pa.PythonFile(InOrder(raw, raw.size()), mode="r")
     return pa.CompressedInputStream(raw, codec)  # closing it closes ``raw``
 
 
