@@ -58,9 +58,9 @@ from ..items import Doc
 from ..shard import ShardUnits, WorkSlice
 from .compressed import CompressedUnitBytes, compression_of, content_key, merge_units, open_decompressed
 from .files import SourceFile, sft_advice
-from .listing_at_once import block_pool, blocks_at_once, each_file, first_byte_of
+from .listing_at_once import blocks_at_once, each_file, first_byte_of, pool_for
 from .json_array import first_byte, scan_array, split_elements
-from .line_listing import MAX_UNIT_BYTES, scan_file, unit_columns
+from .line_listing import MAX_UNIT_BYTES, scan_blocks, scan_file, unit_columns
 from .text_files import CursorReader, LineUnitTable, SkipCount, UnitCursor
 
 log = logging.getLogger(__name__)
@@ -210,8 +210,8 @@ def list_jsonl_units(files: Sequence[SourceFile], *, field: Optional[str] = "tex
                     try:
                         head, again = first_byte_of(blocks)
                         if head != b"[":
-                            found, blank, first = scan_file(f, paragraphs=False, rows_per_unit=rows_per_unit,
-                                                            max_unit_bytes=max_unit_bytes, blocks=again)
+                            found, blank, first = scan_blocks(again, paragraphs=False, rows_per_unit=rows_per_unit,
+                                                              max_unit_bytes=max_unit_bytes)
                             return compressed, False, found, blank, first, found[-1][1] if found else 0
                     finally:
                         blocks.close()  # reads in flight end before the handle closes
@@ -229,20 +229,20 @@ def list_jsonl_units(files: Sequence[SourceFile], *, field: Optional[str] = "tex
         return compressed, array, found, blank, first, size
 
     listed, per_file, arrays, blanks = [], [], [], 0
-    with block_pool(files) as pool:  # remote files at once, each file's blocks at once (listing_at_once.py)
-        for f, got in zip(files, each_file(lambda f: scan(f, pool), files)):
-            if isinstance(got, Exception):
-                raise got
-            compressed, array, found, blank, first, size = got
-            blanks += blank
-            if first is not None:
-                inspect(f, first, "element" if array else "line")
-            if compressed:
-                found = merge_units(found, max_unit_bytes)
-                f = replace(f, key=content_key(f, size), mtime_ns=None)  # keyed: a copy's new mtime says nothing
-            listed.append(f)
-            per_file.append(found)
-            arrays.append(array)
+    pool = pool_for(files)  # remote files at once, each file's blocks at once (listing_at_once.py)
+    for f, got in zip(files, each_file(lambda f: scan(f, pool), files)):
+        if isinstance(got, Exception):
+            raise got
+        compressed, array, found, blank, first, size = got
+        blanks += blank
+        if first is not None:
+            inspect(f, first, "element" if array else "line")
+        if compressed:
+            found = merge_units(found, max_unit_bytes)
+            f = replace(f, key=content_key(f, size), mtime_ns=None)  # keyed: a copy's new mtime says nothing
+        listed.append(f)
+        per_file.append(found)
+        arrays.append(array)
     return JsonUnitTable(listed, *unit_columns(per_file), "lines", blanks, np.asarray(arrays, bool))
 
 

@@ -15,13 +15,12 @@ are listed at once, each in positional reads at once (listing_at_once.py).
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from .files import SourceFile
-from .listing_at_once import block_pool, blocks_at_once, each_file
+from .listing_at_once import blocks_at_once, each_file, pool_for
 from .text_files import ASCII_WS, TEXT_MODES, LineUnitTable
 
 #: Bytes read per step while listing; a line longer than this is joined across steps.
@@ -104,68 +103,69 @@ def read_blocks(handle: Any, size: int) -> Iterator[Tuple[int, bytes]]:
 
 
 def scan_file(f: SourceFile, *, paragraphs: bool, rows_per_unit: int, max_unit_bytes: int = MAX_UNIT_BYTES,
-              opener: Optional[Callable[[SourceFile], Any]] = None, pool: Optional[Any] = None,
-              blocks: Optional[Iterator[Tuple[int, bytes]]] = None
+              opener: Optional[Callable[[SourceFile], Any]] = None, pool: Optional[Any] = None
               ) -> Tuple[List[Tuple[int, int, int, int]], int, Optional[bytes]]:
-    """One pass over a file: its units ``(start, end, first_line, rows)``, its number of
-    blank lines, and the bytes of its first row's first line (None if it has no row).
-    ``opener(f)`` gives the stream to scan (default ``f.open()``; compressed.py decompresses).
-    With ``pool`` (a remote file, not compressed) the blocks are positional reads at once
-    (`listing_at_once.blocks_at_once`): the same bytes in the same order. ``blocks``, when given,
-    are the file's blocks as `read_blocks` yields them, already opened by the caller."""
+    """`scan_blocks` of a file: ``opener(f)`` gives the stream to scan (default ``f.open()``;
+    compressed.py decompresses). With ``pool`` (a remote file, not compressed) the blocks are
+    positional reads at once (`listing_at_once.blocks_at_once`): the same bytes in the same order."""
+    try:
+        with opener(f) if opener is not None else f.open() as handle:
+            blocks = read_blocks(handle, CHUNK_BYTES) if pool is None else blocks_at_once(handle, handle.size(), pool)
+            try:
+                return scan_blocks(blocks, paragraphs=paragraphs, rows_per_unit=rows_per_unit,
+                                   max_unit_bytes=max_unit_bytes)
+            finally:
+                blocks.close()  # reads in flight end before the handle closes
+    except OSError as e:
+        raise ValueError(f"cannot read {f.uri or f.path}: {e}") from e
+
+
+def scan_blocks(blocks: Iterator[Tuple[int, bytes]], *, paragraphs: bool, rows_per_unit: int,
+                max_unit_bytes: int = MAX_UNIT_BYTES) -> Tuple[List[Tuple[int, int, int, int]], int, Optional[bytes]]:
+    """One pass over a file's blocks (as `read_blocks` yields them): its units ``(start, end, first_line,
+    rows)``, its number of blank lines, and the bytes of its first row's first line (None if it has no row)."""
     units = _UnitBuilder(rows_per_unit, max_unit_bytes)
     blank_total, first_row = 0, None
     prev_blank = True  # the start of a file counts as after a blank line
     off, line_no = 0, 1  # file offset and line number of the pending bytes' start
     pending: List[bytes] = []
-    try:
-        given = blocks is not None
-        with contextlib.nullcontext() if given else (opener(f) if opener is not None else f.open()) as handle:
-            if not given:
-                blocks = read_blocks(handle, CHUNK_BYTES) if pool is None else blocks_at_once(handle, handle.size(), pool)
-            try:
-                for dropped, chunk in blocks:
-                    off += dropped
-                    final = not chunk
-                    if not final and b"\n" not in chunk:
-                        pending.append(chunk)  # a long line: join once, when it ends
-                        continue
-                    buf = b"".join(pending + [chunk]) if pending else chunk
-                    a = np.frombuffer(buf, dtype=np.uint8)
-                    ends = np.flatnonzero(a == 10)
-                    consumed = int(ends[-1]) + 1 if len(ends) else 0
-                    if final and consumed < len(buf):  # a last line without a newline
-                        ends = np.append(ends, len(buf))
-                        consumed = len(buf)
-                    if len(ends):
-                        starts = np.empty_like(ends)
-                        starts[0] = 0
-                        starts[1:] = ends[:-1] + 1
-                        blank = _blank_lines(buf, a, starts, ends)
-                        blank_total += int(blank.sum())
-                        if paragraphs:
-                            prev = np.empty_like(blank)
-                            prev[0] = prev_blank
-                            prev[1:] = blank[:-1]
-                            is_row = ~blank & prev
-                            prev_blank = bool(blank[-1])
-                        else:
-                            is_row = ~blank
-                        idx = np.flatnonzero(is_row)
-                        if len(idx):
-                            if first_row is None:
-                                first_row = buf[int(starts[idx[0]]):int(ends[idx[0]])]
-                            units.add(off + starts[idx], line_no + idx)
-                        off += consumed
-                        line_no += len(ends)
-                    pending = [buf[consumed:]] if consumed < len(buf) else []
-                    if final:
-                        break
-            finally:
-                if not given:  # reads in flight end before the handle closes
-                    blocks.close()
-    except OSError as e:
-        raise ValueError(f"cannot read {f.uri or f.path}: {e}") from e
+    for dropped, chunk in blocks:
+        off += dropped
+        final = not chunk
+        if not final and b"\n" not in chunk:
+            pending.append(chunk)  # a long line: join once, when it ends
+            continue
+        buf = b"".join(pending + [chunk]) if pending else chunk
+        a = np.frombuffer(buf, dtype=np.uint8)
+        ends = np.flatnonzero(a == 10)
+        consumed = int(ends[-1]) + 1 if len(ends) else 0
+        if final and consumed < len(buf):  # a last line without a newline
+            ends = np.append(ends, len(buf))
+            consumed = len(buf)
+        if len(ends):
+            starts = np.empty_like(ends)
+            starts[0] = 0
+            starts[1:] = ends[:-1] + 1
+            blank = _blank_lines(buf, a, starts, ends)
+            blank_total += int(blank.sum())
+            if paragraphs:
+                prev = np.empty_like(blank)
+                prev[0] = prev_blank
+                prev[1:] = blank[:-1]
+                is_row = ~blank & prev
+                prev_blank = bool(blank[-1])
+            else:
+                is_row = ~blank
+            idx = np.flatnonzero(is_row)
+            if len(idx):
+                if first_row is None:
+                    first_row = buf[int(starts[idx[0]]):int(ends[idx[0]])]
+                units.add(off + starts[idx], line_no + idx)
+            off += consumed
+            line_no += len(ends)
+        pending = [buf[consumed:]] if consumed < len(buf) else []
+        if final:
+            break
     return units.finish(off), blank_total, first_row
 
 
@@ -184,17 +184,17 @@ def list_line_units(files: Sequence[SourceFile], *, kind: str, rows_per_unit: in
     if max_unit_bytes < 1:
         raise ValueError(f"{max_unit_bytes=} must be >= 1")
     per_file, blanks = [], 0
-    with block_pool(files) as pool:  # remote files at once, each file's blocks at once (listing_at_once.py)
-        scanned = each_file(lambda f: scan_file(f, paragraphs=kind == "paragraphs", rows_per_unit=rows_per_unit,
-                                                max_unit_bytes=max_unit_bytes, pool=pool), files)
-        for f, got in zip(files, scanned):
-            if isinstance(got, Exception):
-                raise got
-            found, blank, first_row = got
-            blanks += blank
-            if inspect is not None and first_row is not None:
-                inspect(f, first_row)
-            per_file.append(found)
+    pool = pool_for(files)  # remote files at once, each file's blocks at once (listing_at_once.py)
+    scanned = each_file(lambda f: scan_file(f, paragraphs=kind == "paragraphs", rows_per_unit=rows_per_unit,
+                                            max_unit_bytes=max_unit_bytes, pool=pool), files)
+    for f, got in zip(files, scanned):
+        if isinstance(got, Exception):
+            raise got
+        found, blank, first_row = got
+        blanks += blank
+        if inspect is not None and first_row is not None:
+            inspect(f, first_row)
+        per_file.append(found)
     return LineUnitTable(list(files), *unit_columns(per_file), kind, blanks)
 
 

@@ -19,13 +19,12 @@ the other files. Local files are read as before, one after another.
 The trade-off is memory: a file being listed holds at most ``BLOCKS_AHEAD`` x
 ``BLOCK_BYTES`` (8 MiB, as one sequential ``CHUNK_BYTES`` block did) and up to
 ``LIST_THREADS`` files are listed at once, so a listing holds up to 256 MiB, on a remote
-source of 32 files of 8 MiB or more; the reads share ``LIST_THREADS`` threads. Figures are in benchmarks/RESULTS.md ``remote-jsonl``.
+source of 32 files of 8 MiB or more; the reads share the process's ``LIST_THREADS`` threads (`read_pool`). Figures are in benchmarks/RESULTS.md ``remote-jsonl``.
 """
 
 from __future__ import annotations
 
 import atexit
-import contextlib
 import io
 import itertools
 import os
@@ -127,37 +126,32 @@ def first_byte_of(blocks: Iterator[Tuple[int, bytes]]) -> Tuple[bytes, Iterator[
     return b"", iter(seen)
 
 
-@contextlib.contextmanager
-def block_pool(files: Sequence[SourceFile]) -> Iterator[Optional[ThreadPoolExecutor]]:
-    """Threads for `blocks_at_once` while ``files`` are listed: None when all are local."""
-    if not is_remote(files):
-        yield None
-        return
-    with ThreadPoolExecutor(LIST_THREADS, thread_name_prefix="tokenloom-blocks") as pool:
-        yield pool
+# --- the threads that read ahead (listing a file, a compressed stream) ----------------------------------
 
-
-# --- a remote file read from its start in order (a compressed stream) ----------------------------------
-
-_STREAMS: Optional[Tuple[int, ThreadPoolExecutor]] = None
-_STREAMS_LOCK = threading.Lock()
+_READS: Optional[ThreadPoolExecutor] = None
+_READS_LOCK = threading.Lock()
 
 
 def _after_fork_in_child() -> None:
-    global _STREAMS, _STREAMS_LOCK
-    _STREAMS, _STREAMS_LOCK = None, threading.Lock()
+    global _READS, _READS_LOCK
+    _READS, _READS_LOCK = None, threading.Lock()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def stream_pool() -> ThreadPoolExecutor:
-    """This process's threads for `InOrder` streams (a forked child makes its own)."""
-    global _STREAMS
-    with _STREAMS_LOCK:
-        if _STREAMS is None:
-            _STREAMS = (os.getpid(), ThreadPoolExecutor(LIST_THREADS, thread_name_prefix="tokenloom-stream"))
-        return _STREAMS[1]
+def read_pool() -> ThreadPoolExecutor:
+    """This process's threads for `blocks_at_once` (``LIST_THREADS``; a forked child makes its own)."""
+    global _READS
+    with _READS_LOCK:
+        if _READS is None:
+            _READS = ThreadPoolExecutor(LIST_THREADS, thread_name_prefix="tokenloom-reads")
+        return _READS
+
+
+def pool_for(files: Sequence[SourceFile]) -> Optional[ThreadPoolExecutor]:
+    """`read_pool` when any of ``files`` is remote (its blocks are read at once), else None (in order)."""
+    return read_pool() if is_remote(files) else None
 
 
 class InOrder(io.RawIOBase):
@@ -168,7 +162,7 @@ class InOrder(io.RawIOBase):
 
     def __init__(self, handle: Any, size: int):
         self.handle = handle
-        self._blocks = blocks_at_once(handle, size, stream_pool(), bom=False)
+        self._blocks = blocks_at_once(handle, size, read_pool(), bom=False)
         self._buf = memoryview(b"")
         self._end = False
         _OPEN.add(self)
