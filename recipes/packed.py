@@ -40,7 +40,7 @@ from tokenloom.pipes.sources.readers import SourcePlan, named_sources, plan_sour
 from tokenloom.pipes.schedule import StepClock, Weights, normalize_schedule
 from tokenloom.pipes.shard import ShardUnits, check_shardable
 from tokenloom.pipes.sources.files import SourceSpec, shared_filesystems
-from tokenloom.pipes.sources.parquet import start_first_fetches
+from tokenloom.pipes.sources.first_fetches import start_first_fetches
 from tokenloom.pipes.stats import WithStats
 from tokenloom.pipes.tokenize import Tokenize
 from tokenloom.pipes.tokenizer import Encoder, load_encoder, resolve_special
@@ -417,7 +417,7 @@ def _plan_sources(named: Mapping[str, Any], tokenizer: Any, *, columns: Mapping[
 def _start_first_fetches(plans: Sequence[SourcePlan], rank: int, num_workers: int, num_shards: int, seed: int,
                          epochs: Optional[int]) -> None:
     """Fetch the first row groups this rank's workers will read of each remote parquet source, in the
-    background from now on (`start_first_fetches`, parquet.py): they come with the workers' memory
+    background from now on (`start_first_fetches`, first_fetches.py): they come with the workers' memory
     instead of two round trips after each worker starts, and this process lets go of them once it has
     forked the workers. The sharders as `PackedGraph` makes them."""
     workers = max(num_workers, 1)

@@ -556,7 +556,7 @@ def test_first_units_fetched_by_the_building_process_are_not_fetched_again(slow_
     assert units.handles is not None and units.footers is not None
     want = [_docs(_reader(units, 0, shard=g)) for g in (0, 1)]
     del log[:]
-    first = parquet_mod.start_first_fetches(units, "text", shards=[0, 1], num_shards=2, seed=3, epochs=2)
+    first = first_fetches.start_first_fetches(units, "text", shards=[0, 1], num_shards=2, seed=3, epochs=2)
     assert first is not None and units.handles is None
     assert first.wait(30) and first.errors == 0
     keys = _first_units(units, [0, 1], 2, 3, 2)
@@ -582,7 +582,7 @@ def test_a_fork_waits_for_the_first_fetches_in_flight(slow_store):
     many forks as it has workers."""
     uri, _ = slow_store
     units = list_parquet_units(resolve_files(uri("slow-b")), "text")
-    first = parquet_mod.start_first_fetches(units, "text", shards=[0, 1], num_shards=2, seed=3, epochs=2, forks=1)
+    first = first_fetches.start_first_fetches(units, "text", shards=[0, 1], num_shards=2, seed=3, epochs=2, forks=1)
     keys = _first_units(units, [0, 1], 2, 3, 2)
     ctx = multiprocessing.get_context("fork")
     out = ctx.Queue()

@@ -19,13 +19,20 @@ most ``FIRST_BYTES`` a source, and lets go of them once its workers have forked.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
 import weakref
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from .readahead import Key, _parts, _pool, _read_range
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ..shard import ShardUnits
+from .readahead import DEPTH, Key, _parts, _pool, _read_range, budget_for, chunk_ranges
+
+log = logging.getLogger(__name__)
 
 
 # --- the first row groups, fetched by the process that builds the loader ---------------------------------
@@ -177,6 +184,71 @@ class FirstFetches:
         self._chunks = state["chunks"]
         self._sizes = {key: sum(len(d) for _, d in chunks) for key, (_, chunks) in self._chunks.items()}
         self._left, self.errors, self.forks_left = 0, 0, None
+
+
+def start_first_fetches(units: Any, column: str, *, shards: Sequence[int], num_shards: int, seed: int,
+                        epochs: Optional[int], readahead: Optional[int] = None,
+                        forks: Optional[int] = None) -> Optional[FirstFetches]:
+    """Start fetching, in this process, the first units ``shards`` will read of a remote source whose
+    footers are shipped (`FirstFetches`): per shard, units until `FIRST_SHARD_BYTES` (at
+    least one, at most `DEPTH` looked at), round-robin over the shards while the source's `FIRST_BYTES` last,
+    with the handles listing opened (closed once fetched); the bytes are let go after ``forks``
+    forks of this process (the loader's workers; None: kept). ``units.first`` is set; None when
+    nothing is fetched (local files, read-ahead off, footers not shipped, or no handles)."""
+    handles, units.handles = units.handles, None
+    try:
+        budget = budget_for({id(f.fs): f.fs for f in units.files}.values(), readahead)
+        if not budget or units.footers is None or handles is None:
+            return None
+        cap = min(FIRST_BYTES, budget)
+        metas: Dict[int, Any] = {}
+
+        def ranges_of(key: Tuple[int, int]) -> List[Tuple[int, int]]:
+            i = key[0]
+            if i not in metas:
+                metas[i] = pq.ParquetFile(pa.BufferReader(units.footers[i])).metadata
+            return chunk_ranges(metas[i], key[1], [column], units.files[i].size)
+
+        upcoming = []
+        for g in shards:
+            node = ShardUnits(units.rows, shard=g, num_shards=num_shards, seed=seed, epochs=epochs)
+            node.reset(None)
+            upcoming.append(node.ahead())
+        taken = [0] * len(upcoming)
+        looked = [0] * len(upcoming)
+        live = list(range(len(upcoming)))
+        items: List[tuple] = []
+        seen: set = set()
+        total = 0
+        while live and total < cap:
+            for g in list(live):  # round-robin: each shard's next unit in turn
+                s = next(upcoming[g], None)
+                looked[g] += 1
+                if s is None:
+                    live.remove(g)
+                    continue
+                key = (int(units.file[s.unit]), int(units.row_group[s.unit]))
+                if key not in seen:  # a small source's next epoch brings units back: fetched once
+                    seen.add(key)
+                    ranges = ranges_of(key)
+                    n = sum(n for _, n in ranges)
+                    if total + n > cap:
+                        live = []
+                        break
+                    total += n
+                    taken[g] += n
+                    items.append((key, handles[key[0]], units.files[key[0]].size, ranges))
+                if taken[g] >= FIRST_SHARD_BYTES or looked[g] >= DEPTH:
+                    live.remove(g)
+        units.first = FirstFetches(items, close=handles, forks=forks) if items else None
+        return units.first
+    except Exception:  # noqa: BLE001 - only an early start: the workers fetch what is not here
+        log.debug("no first fetches", exc_info=True)
+        return None
+    finally:
+        if handles is not None and units.first is None:
+            for h in handles:
+                h.close()
 
 
 def _close_all(handles: Sequence[Any]) -> None:

@@ -37,8 +37,9 @@ proxy; 64 at a time is no faster). Their bytes, up to ``SHIP_FOOTERS`` (8 MiB) a
 go to the loader workers with the units, so a worker reads no footer before its first
 row groups (readahead.py). The files listing opened for them (each open is pyarrow's size lookup,
 a round trip) stay open until the recipe has fetched, in the process that builds the loader, the
-first row groups of its workers' shards (`start_first_fetches`): a worker starts with them in its
-memory instead of opening its files and fetching them, two round trips after it starts.
+first row groups of its workers' shards (`start_first_fetches`, first_fetches.py): a worker
+starts with them in its memory instead of opening its files and fetching them, two round trips
+after it starts.
 A file that does not end with ``PAR1`` is called truncated only if it starts with it.
 """
 
@@ -79,7 +80,7 @@ class UnitTable(FileUnits):
     #: a loader worker then reads no footer before its first row groups (readahead.py).
     footers: Optional[List[bytes]] = None
     #: The files as listing opened them (remote files whose footers are shipped), until the first fetches
-    #: (`start_first_fetches`) have used them; never pickled.
+    #: (first_fetches.py's `start_first_fetches`) have used them; never pickled.
     handles: Optional[List[Any]] = field(default=None, compare=False, repr=False)
     #: The row groups the loader's workers read first, fetched by the process that built it (readahead.py).
     first: Optional[FirstFetches] = field(default=None, compare=False, repr=False)
@@ -262,74 +263,6 @@ def list_parquet_units(files: Sequence[SourceFile], column: str, *, require: Opt
     """Read every footer once and list the units; ``column`` must hold ``require``
     (``"text"``; ``"list"`` for conversations; None: anything)."""
     return units_from_footers(files, read_footers(files), column, require=require)
-
-
-def start_first_fetches(units: UnitTable, column: str, *, shards: Sequence[int], num_shards: int, seed: int,
-                        epochs: Optional[int], readahead: Optional[int] = None,
-                        forks: Optional[int] = None) -> Optional[FirstFetches]:
-    """Start fetching, in this process, the first units ``shards`` will read of a remote source whose
-    footers are shipped (`FirstFetches`, first_fetches.py): per shard, units until `FIRST_SHARD_BYTES` (at
-    least one, at most `DEPTH` looked at), round-robin over the shards while the source's `FIRST_BYTES` last,
-    with the handles listing opened (closed once fetched); the bytes are let go after ``forks``
-    forks of this process (the loader's workers; None: kept). ``units.first`` is set; None when
-    nothing is fetched (local files, read-ahead off, footers not shipped, or no handles)."""
-    from .first_fetches import FIRST_BYTES, FIRST_SHARD_BYTES
-    from .readahead import DEPTH, chunk_ranges
-
-    handles, units.handles = units.handles, None
-    try:
-        budget = budget_for({id(f.fs): f.fs for f in units.files}.values(), readahead)
-        if not budget or units.footers is None or handles is None:
-            return None
-        cap = min(FIRST_BYTES, budget)
-        metas: Dict[int, Any] = {}
-
-        def ranges_of(key: Tuple[int, int]) -> List[Tuple[int, int]]:
-            i = key[0]
-            if i not in metas:
-                metas[i] = pq.ParquetFile(pa.BufferReader(units.footers[i])).metadata
-            return chunk_ranges(metas[i], key[1], [column], units.files[i].size)
-
-        upcoming = []
-        for g in shards:
-            node = ShardUnits(units.rows, shard=g, num_shards=num_shards, seed=seed, epochs=epochs)
-            node.reset(None)
-            upcoming.append(node.ahead())
-        taken = [0] * len(upcoming)
-        looked = [0] * len(upcoming)
-        live = list(range(len(upcoming)))
-        items: List[tuple] = []
-        seen: set = set()
-        total = 0
-        while live and total < cap:
-            for g in list(live):  # round-robin: each shard's next unit in turn
-                s = next(upcoming[g], None)
-                looked[g] += 1
-                if s is None:
-                    live.remove(g)
-                    continue
-                key = (int(units.file[s.unit]), int(units.row_group[s.unit]))
-                if key not in seen:  # a small source's next epoch brings units back: fetched once
-                    seen.add(key)
-                    ranges = ranges_of(key)
-                    n = sum(n for _, n in ranges)
-                    if total + n > cap:
-                        live = []
-                        break
-                    total += n
-                    taken[g] += n
-                    items.append((key, handles[key[0]], units.files[key[0]].size, ranges))
-                if taken[g] >= FIRST_SHARD_BYTES or looked[g] >= DEPTH:
-                    live.remove(g)
-        units.first = FirstFetches(items, close=handles, forks=forks) if items else None
-        return units.first
-    except Exception:  # noqa: BLE001 - only an early start: the workers fetch what is not here
-        log.debug("no first fetches", exc_info=True)
-        return None
-    finally:
-        if handles is not None and units.first is None:
-            for h in handles:
-                h.close()
 
 
 def _bad_utf8(value: pa.Scalar) -> bool:
