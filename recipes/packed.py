@@ -1,6 +1,6 @@
-"""The graph both `pretrain` and `sft` build, and the checks they share.
+"""What `pretrain` and `sft` share: the checks, the sources' listing, the loader around the graph.
 
-Graph per shard (one per rank and loader worker)::
+Graph per shard (one per rank and loader worker; packed_graph.py builds it)::
 
     per source:  ShardUnits -> Read{Parquet,Jsonl,Text} -> Tokenize | RenderChat
     Mix (several sources, by weight) -> FlatPack | BestFitPack -> Batch -> WithStats
@@ -23,37 +23,28 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 
-from tokenloom.pipes.batch import IGNORE_INDEX, Batch, collate_rows
-from tokenloom.pipes.chat import RenderChat
+from tokenloom.pipes.batch import IGNORE_INDEX, collate_rows
 from tokenloom.pipes.check_args import check_int, per_source
-from tokenloom.pipes.loader.elastic import STEP, prefix_of
-from tokenloom.pipes.loader.bridge import ShardContext, TokenLoomLoader
-from tokenloom.pipes.mix import STOPS, STRATEGIES, UNITS, Mix
+from tokenloom.pipes.loader.bridge import TokenLoomLoader
+from tokenloom.pipes.mix import STOPS, STRATEGIES, UNITS
 from tokenloom.pipes.pack.bestfit import BestFitPack
-from tokenloom.pipes.pack.flat import FlatPack
 from tokenloom.pipes.pack.stats import PACK_STAT_KEYS
-from tokenloom.pipes.pieces import Pieces
 from tokenloom.pipes.loader.rank_sync import RankSync, gloo_sync_from_dist
 from tokenloom.pipes.loader.wire_ring import uses_fork
 from tokenloom.pipes.sources.cache import attach_cache
 from tokenloom.pipes.sources.readers import SourcePlan, named_sources, plan_source
-from tokenloom.pipes.schedule import StepClock, Weights, normalize_schedule
-from tokenloom.pipes.shard import ShardUnits, check_shardable
+from tokenloom.pipes.schedule import Weights, normalize_schedule
+from tokenloom.pipes.shard import check_shardable
 from tokenloom.pipes.sources.files import SourceSpec, shared_filesystems
 from tokenloom.pipes.sources.first_fetches import start_first_fetches
-from tokenloom.pipes.stats import WithStats
-from tokenloom.pipes.tokenize import Tokenize
+
+from .packed_graph import TOKENIZED, PackedGraph, stat_keys
 from tokenloom.pipes.tokenizer import Encoder, load_encoder, resolve_special
 
 PACKINGS = ("flat", "bestfit", "bestfit-crop")
 #: Tokens each loader worker keeps ready by default, as whole batches between the bounds below.
 PREFETCH_TOKENS = 1 << 20
 PREFETCH_BATCHES = (8, 64)
-#: Per source: delivered tokens and documents, passes, and rows its reader skipped (null text,
-#: bad jsonl lines under on_error="skip"), counted when read.
-SOURCE_STAT_KEYS = ("tokens", "documents", "epochs", "skipped")
-#: pretrain, per source: documents encoded from text when read (the rest came from a token cache).
-TOKENIZED = "tokenized"
 
 
 def default_prefetch_factor(batch_size: int, seq_len: int) -> int:
@@ -97,17 +88,6 @@ def dist_rank_world(rank: Optional[int], world_size: Optional[int]) -> tuple:
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"{rank=} must be in [0, {world_size=})")
     return int(rank), int(world_size)
-
-
-#: Per source, read-ahead memory (readahead.py): bytes held now and the most held, summed over workers.
-READAHEAD_STAT_KEYS = ("readahead_bytes", "readahead_peak_bytes")
-
-
-def stat_keys(names: Sequence[str], chat: bool = False) -> List[str]:
-    keys = list(PACK_STAT_KEYS) + [f"source/{n}/{k}" for n in names for k in SOURCE_STAT_KEYS + READAHEAD_STAT_KEYS]
-    if chat:
-        return keys + [f"conversations/{k}" for k in RenderChat.COUNT_KEYS]
-    return keys + [f"source/{n}/{TOKENIZED}" for n in names]
 
 
 def describe_template(template: Any) -> str:
@@ -246,105 +226,6 @@ class PackedStatsView:
         out["progress"] = (self._progress(current, passes, step, ended) if current is not None
                            else {"fraction": None, "batches_left": None})
         return out
-
-
-@dataclass
-class PackedGraph:
-    """The picklable factory a worker calls to build its shard's graph."""
-
-    plans: List[SourcePlan]
-    encoder: Encoder
-    bos: Optional[int]
-    eos: Optional[int]
-    seq_len: int
-    batch_size: int
-    packing: str
-    buffer_size: int
-    seed: int
-    epochs: Optional[int]
-    pad_id: int
-    weights: Optional[Weights]
-    mix: str
-    weights_unit: str
-    stop: str
-    cycle_exhausted: bool
-    pattern: Optional[Sequence[str]]
-    burst: int
-    chat: Any = None  # a ChatTemplate or callable: render conversations instead of tokenizing text
-    long_conversations: str = "truncate"
-    end_label: Optional[int] = None  # the label after a whole document's last token: BOS id or -100
-    buffer_tokens: Optional[int] = None  # best-fit: tokens the buffer holds at most (None: the packer's default)
-    max_wait: Optional[int] = None  # best-fit: pulls a buffered document waits at most (None: buffer_size)
-
-    def source_names(self) -> List[str]:
-        """The sources in order: a graph that names them can resume on another topology (elastic.py)."""
-        return [p.name for p in self.plans]
-
-    def __call__(self, ctx: ShardContext):
-        first_epoch = ctx.round * self.epochs if self.epochs is not None else 0
-        single = len(self.plans) == 1
-        branches = {}
-        readers = {}
-        shards: Dict[str, ShardUnits] = {}
-        renderers: List[RenderChat] = []
-        for plan in self.plans:
-            # With several sources the mixer decides when to stop, so branches are endless.
-            node = ShardUnits(plan.units.rows, shard=ctx.shard, num_shards=ctx.num_shards, seed=self.seed,
-                              epochs=self.epochs if single else None, first_epoch=first_epoch,
-                              what=f"source {plan.name!r}", **prefix_of(ctx.elastic, plan.name))
-            shards[plan.name] = node
-            node = readers[plan.name] = plan.reader(node, seed=self.seed)
-            if self.chat is None:
-                branches[plan.name] = Tokenize(node, self.encoder, bos=self.bos, eos=self.eos)
-            else:
-                branches[plan.name] = RenderChat(node, self.encoder, template=self.chat, max_tokens=self.seq_len + 1,
-                                                 long=self.long_conversations)
-                renderers.append(branches[plan.name])
-        feeds: Mapping[str, Any] = branches
-        if self.packing == "bestfit" and not single and self.chat is None:
-            # Long documents reach the mixer in pieces of a row, so the shares hold early (pipes/pieces.py).
-            feeds = {n: Pieces(b, piece=self.seq_len + 1) for n, b in branches.items()}
-        clock = StepClock(ctx.worker, ctx.num_workers, base=ctx.elastic[STEP] if ctx.elastic else 0)
-        if single:
-            mixed, mixer = branches[self.plans[0].name], None
-        else:
-            mixer = mixed = Mix(feeds, weights=self.weights, strategy=self.mix, unit=self.weights_unit,
-                                stop=self.stop, cycle_exhausted=self.cycle_exhausted, passes=self.epochs or 1,
-                                first_epoch=first_epoch,
-                                pattern=self.pattern, burst=self.burst, seed=self.seed, shard=ctx.shard, clock=clock)
-        if self.packing == "flat":
-            packer = FlatPack(mixed, seq_len=self.seq_len, pad_id=self.pad_id)
-        else:
-            packer = BestFitPack(mixed, seq_len=self.seq_len, buffer_size=self.buffer_size, pad_id=self.pad_id,
-                                 mode="crop" if self.packing == "bestfit-crop" else "bestfit",
-                                 buffer_tokens=self.buffer_tokens, max_wait=self.max_wait)
-        names = [p.name for p in self.plans]
-        batch = Batch(packer, batch_size=self.batch_size, seq_len=self.seq_len, pad_id=self.pad_id,
-                      sources=names, clock=clock, end_label=self.end_label)
-
-        def counters() -> List[int]:
-            pack = packer.stats()
-            delivered = batch.counts()
-            passes = mixer.source_stats() if mixer is not None else None
-            out = [pack[k] for k in PACK_STAT_KEYS]
-            for n in names:
-                tokens, docs = delivered.get(n, (0, 0))
-                # passes completed: the mixer's count or, for one source (no mixer), the epoch its sharder
-                # is in (all of this round's epochs once its stream ended)
-                epochs = passes[n]["epochs"] if passes is not None else \
-                    max(shards[n].next_epoch() - shards[n].first_epoch, 0)
-                out += [tokens, docs, epochs, getattr(readers[n], "skipped", 0)]  # text readers never skip
-                ahead = getattr(readers[n], "readahead_stats", None)
-                ahead = ahead() if ahead is not None else None
-                out += [ahead["held_bytes"], ahead["peak_bytes"]] if ahead else [0, 0]
-            if renderers:
-                per = [r.counts() for r in renderers]
-                out += [sum(c[k] for c in per) for k in RenderChat.COUNT_KEYS]
-            else:
-                out += [branches[n].encoded for n in names]
-            return out
-
-        return WithStats(batch, counters=counters, keys=stat_keys(names, bool(renderers)), worker=ctx.worker)
 
 
 def _manifests(manifest: Union[str, Mapping[str, str], None], names: List[str]) -> Dict[str, str]:

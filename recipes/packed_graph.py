@@ -1,0 +1,145 @@
+"""The graph every worker of `pretrain` and `sft` builds for its shard (`PackedGraph`).
+
+Per source: a sharder (`ShardUnits`) over the source's units, its reader, and a branch that
+turns documents into tokens (`Tokenize`, or `RenderChat` for conversations); several sources
+meet in a `Mix` (best-fit's in pieces of a row, pipes/pieces.py, so the shares hold early);
+then the packer (flat, best-fit or crop) and the `Batch` node, under a `WithStats` that keeps
+the counters ``loader.stats()`` reads. The factory is plain data, pickled to spawned workers;
+a worker calls it with its `ShardContext`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+from tokenloom.pipes.batch import Batch
+from tokenloom.pipes.chat import RenderChat
+from tokenloom.pipes.loader.bridge import ShardContext
+from tokenloom.pipes.loader.elastic import STEP, prefix_of
+from tokenloom.pipes.mix import Mix
+from tokenloom.pipes.pack.bestfit import BestFitPack
+from tokenloom.pipes.pack.flat import FlatPack
+from tokenloom.pipes.pack.stats import PACK_STAT_KEYS
+from tokenloom.pipes.pieces import Pieces
+from tokenloom.pipes.schedule import StepClock, Weights
+from tokenloom.pipes.shard import ShardUnits
+from tokenloom.pipes.sources.readers import SourcePlan
+from tokenloom.pipes.stats import WithStats
+from tokenloom.pipes.tokenize import Tokenize
+from tokenloom.pipes.tokenizer import Encoder
+
+
+#: Per source: delivered tokens and documents, passes, and rows its reader skipped (null text,
+#: bad jsonl lines under on_error="skip"), counted when read.
+SOURCE_STAT_KEYS = ("tokens", "documents", "epochs", "skipped")
+#: pretrain, per source: documents encoded from text when read (the rest came from a token cache).
+TOKENIZED = "tokenized"
+#: Per source, read-ahead memory (readahead.py): bytes held now and the most held, summed over workers.
+READAHEAD_STAT_KEYS = ("readahead_bytes", "readahead_peak_bytes")
+
+
+def stat_keys(names: Sequence[str], chat: bool = False) -> List[str]:
+    keys = list(PACK_STAT_KEYS) + [f"source/{n}/{k}" for n in names for k in SOURCE_STAT_KEYS + READAHEAD_STAT_KEYS]
+    if chat:
+        return keys + [f"conversations/{k}" for k in RenderChat.COUNT_KEYS]
+    return keys + [f"source/{n}/{TOKENIZED}" for n in names]
+
+
+@dataclass
+class PackedGraph:
+    """The picklable factory a worker calls to build its shard's graph."""
+
+    plans: List[SourcePlan]
+    encoder: Encoder
+    bos: Optional[int]
+    eos: Optional[int]
+    seq_len: int
+    batch_size: int
+    packing: str
+    buffer_size: int
+    seed: int
+    epochs: Optional[int]
+    pad_id: int
+    weights: Optional[Weights]
+    mix: str
+    weights_unit: str
+    stop: str
+    cycle_exhausted: bool
+    pattern: Optional[Sequence[str]]
+    burst: int
+    chat: Any = None  # a ChatTemplate or callable: render conversations instead of tokenizing text
+    long_conversations: str = "truncate"
+    end_label: Optional[int] = None  # the label after a whole document's last token: BOS id or -100
+    buffer_tokens: Optional[int] = None  # best-fit: tokens the buffer holds at most (None: the packer's default)
+    max_wait: Optional[int] = None  # best-fit: pulls a buffered document waits at most (None: buffer_size)
+
+    def source_names(self) -> List[str]:
+        """The sources in order: a graph that names them can resume on another topology (elastic.py)."""
+        return [p.name for p in self.plans]
+
+    def __call__(self, ctx: ShardContext):
+        first_epoch = ctx.round * self.epochs if self.epochs is not None else 0
+        single = len(self.plans) == 1
+        branches = {}
+        readers = {}
+        shards: Dict[str, ShardUnits] = {}
+        renderers: List[RenderChat] = []
+        for plan in self.plans:
+            # With several sources the mixer decides when to stop, so branches are endless.
+            node = ShardUnits(plan.units.rows, shard=ctx.shard, num_shards=ctx.num_shards, seed=self.seed,
+                              epochs=self.epochs if single else None, first_epoch=first_epoch,
+                              what=f"source {plan.name!r}", **prefix_of(ctx.elastic, plan.name))
+            shards[plan.name] = node
+            node = readers[plan.name] = plan.reader(node, seed=self.seed)
+            if self.chat is None:
+                branches[plan.name] = Tokenize(node, self.encoder, bos=self.bos, eos=self.eos)
+            else:
+                branches[plan.name] = RenderChat(node, self.encoder, template=self.chat, max_tokens=self.seq_len + 1,
+                                                 long=self.long_conversations)
+                renderers.append(branches[plan.name])
+        feeds: Mapping[str, Any] = branches
+        if self.packing == "bestfit" and not single and self.chat is None:
+            # Long documents reach the mixer in pieces of a row, so the shares hold early (pipes/pieces.py).
+            feeds = {n: Pieces(b, piece=self.seq_len + 1) for n, b in branches.items()}
+        clock = StepClock(ctx.worker, ctx.num_workers, base=ctx.elastic[STEP] if ctx.elastic else 0)
+        if single:
+            mixed, mixer = branches[self.plans[0].name], None
+        else:
+            mixer = mixed = Mix(feeds, weights=self.weights, strategy=self.mix, unit=self.weights_unit,
+                                stop=self.stop, cycle_exhausted=self.cycle_exhausted, passes=self.epochs or 1,
+                                first_epoch=first_epoch,
+                                pattern=self.pattern, burst=self.burst, seed=self.seed, shard=ctx.shard, clock=clock)
+        if self.packing == "flat":
+            packer = FlatPack(mixed, seq_len=self.seq_len, pad_id=self.pad_id)
+        else:
+            packer = BestFitPack(mixed, seq_len=self.seq_len, buffer_size=self.buffer_size, pad_id=self.pad_id,
+                                 mode="crop" if self.packing == "bestfit-crop" else "bestfit",
+                                 buffer_tokens=self.buffer_tokens, max_wait=self.max_wait)
+        names = [p.name for p in self.plans]
+        batch = Batch(packer, batch_size=self.batch_size, seq_len=self.seq_len, pad_id=self.pad_id,
+                      sources=names, clock=clock, end_label=self.end_label)
+
+        def counters() -> List[int]:
+            pack = packer.stats()
+            delivered = batch.counts()
+            passes = mixer.source_stats() if mixer is not None else None
+            out = [pack[k] for k in PACK_STAT_KEYS]
+            for n in names:
+                tokens, docs = delivered.get(n, (0, 0))
+                # passes completed: the mixer's count or, for one source (no mixer), the epoch its sharder
+                # is in (all of this round's epochs once its stream ended)
+                epochs = passes[n]["epochs"] if passes is not None else \
+                    max(shards[n].next_epoch() - shards[n].first_epoch, 0)
+                out += [tokens, docs, epochs, getattr(readers[n], "skipped", 0)]  # text readers never skip
+                ahead = getattr(readers[n], "readahead_stats", None)
+                ahead = ahead() if ahead is not None else None
+                out += [ahead["held_bytes"], ahead["peak_bytes"]] if ahead else [0, 0]
+            if renderers:
+                per = [r.counts() for r in renderers]
+                out += [sum(c[k] for c in per) for k in RenderChat.COUNT_KEYS]
+            else:
+                out += [branches[n].encoded for n in names]
+            return out
+
+        return WithStats(batch, counters=counters, keys=stat_keys(names, bool(renderers)), worker=ctx.worker)
