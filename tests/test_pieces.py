@@ -189,7 +189,7 @@ def test_pretrain_mixes_a_long_document_in_pieces(tmp_path, tok_path, monkeypatc
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    import tokenloom.recipes.packed as packed
+    import tokenloom.recipes.packed_graph as packed
     from tokenloom.recipes import pretrain
 
     words = " ".join(f"w{i % 997}" for i in range(12_000))
