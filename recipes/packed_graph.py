@@ -11,7 +11,7 @@ a worker calls it with its `ShardContext`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from tokenloom.pipes.batch import Batch
 from tokenloom.pipes.chat import RenderChat
@@ -20,10 +20,12 @@ from tokenloom.pipes.loader.elastic import STEP, prefix_of
 from tokenloom.pipes.mix import Mix
 from tokenloom.pipes.pack.bestfit import BestFitPack
 from tokenloom.pipes.pack.flat import FlatPack
+from tokenloom.pipes.pack.savepoint import reader_states
 from tokenloom.pipes.pack.stats import PACK_STAT_KEYS
 from tokenloom.pipes.pieces import Pieces
 from tokenloom.pipes.schedule import StepClock, Weights
 from tokenloom.pipes.shard import ShardUnits
+from tokenloom.pipes.sources.first_fetches import fetch_first_from
 from tokenloom.pipes.sources.readers import SourcePlan
 from tokenloom.pipes.stats import WithStats
 from tokenloom.pipes.tokenize import Tokenize
@@ -77,6 +79,22 @@ class PackedGraph:
     def source_names(self) -> List[str]:
         """The sources in order: a graph that names them can resume on another topology (elastic.py)."""
         return [p.name for p in self.plans]
+
+    def fetch_first(self, shards: Sequence[Tuple[ShardContext, Optional[Mapping[str, Any]]]]) -> int:
+        """After a restore, before the workers start: fetch in this process the first units each shard
+        reads of a remote parquet source from the position its state (None: its start, or an elastic
+        plan) restores, as the build did from the start (`fetch_first_from`): the workers then start
+        with them, not two round trips later. ``shards``: ``(context, the graph's state)`` per worker.
+        How many units were added."""
+        upcoming: Dict[str, List[Any]] = {p.name: [] for p in self.plans}
+        for ctx, state in shards:
+            for reader, saved in reader_states(self(ctx), state):
+                sharder = getattr(reader, "parent", None)
+                if reader.source in upcoming and isinstance(sharder, ShardUnits):
+                    sharder.reset(None if saved is None else saved[type(reader).PARENT])
+                    upcoming[reader.source].append(sharder.ahead())
+        return sum(fetch_first_from(p.units, p.column, upcoming[p.name]) for p in self.plans
+                   if p.fmt == "parquet" and upcoming[p.name])
 
     def __call__(self, ctx: ShardContext):
         first_epoch = ctx.round * self.epochs if self.epochs is not None else 0

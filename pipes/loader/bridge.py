@@ -422,6 +422,7 @@ class TokenLoomLoader(StatefulDataLoader):
             self.dataset.round = int(meta[self.ROUND])
             self._phase = self.DATA
             super().load_state_dict(inner)
+            self.dataset.fetch_first(worker_trees(inner) if inner else {})
 
 
     def _load_elastic(self, states: List[Any], allow_weight_change: bool) -> None:
@@ -507,6 +508,7 @@ class TokenLoomLoader(StatefulDataLoader):
                 root.reset(None)
                 apply_carry(root, plans[rank * workers + w][CARRY])
                 self._worker_stats[str(w)] = [int(x) for x in root.counters()]
+            self.dataset.fetch_first({})
         super().load_state_dict({})
 
     def _old_shards(self, states: Sequence[Mapping[str, Any]], round_: int, world: int,

@@ -9,6 +9,7 @@ it belongs to. bridge.py's `TokenLoomLoader` runs it.
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import pickle
 from dataclasses import dataclass
@@ -21,6 +22,8 @@ from .elastic import CARRY, apply_carry
 from .snapshot import WholeState
 from .wire import WireBatch, public_batch
 from .wire_ring import BatchRing
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,7 @@ class NodeDataset(IterableDataset):
         self._root_round: Optional[int] = None
         self._active_round = 0
         self._failed: Optional[Exception] = None
+        self._deferred: Optional[int] = None  # in a worker: the round iter() asked for, not started yet
         # One shared-memory ring per worker (wire_ring.py), made before the workers fork.
         self.rings: Optional[List[BatchRing]] = None
         # Set by tokenloom's loader when it starts iterating (forks, or takes batches in-process):
@@ -109,6 +113,28 @@ class NodeDataset(IterableDataset):
             plan = self._elastic["shards"][str(worker)]
         return ShardContext(self.rank, self.world_size, worker, self.num_workers, round_, plan)
 
+    def fetch_first(self, trees: Mapping[int, Any]) -> None:
+        """After a restore, before the workers start: let the factory fetch what each worker reads first
+        from where ``trees`` (worker -> its saved ``{"round", "node"}``; missing: none) put it, if it
+        can (``factory.fetch_first``, e.g. a remote source's first row groups; only an early start: a
+        failure here is logged, the workers fetch their own)."""
+        fetch = getattr(self.factory, "fetch_first", None)
+        if fetch is None:
+            return
+        round_ = self.round
+        shards = []
+        for w in range(max(self.num_workers, 1)):
+            plan = None
+            if self._elastic is not None and int(self._elastic["round"]) == round_:
+                plan = self._elastic["shards"][str(w)]
+            saved = trees.get(w) or {}
+            node = saved.get(self.NODE) if int(saved.get(self.ROUND, round_)) == round_ else None
+            shards.append((ShardContext(self.rank, self.world_size, w, self.num_workers, round_, plan), node))
+        try:
+            fetch(shards)
+        except Exception:  # noqa: BLE001
+            log.debug("no first fetches for the restored positions", exc_info=True)
+
     def _start(self, round_: int, node_state: Optional[Dict[str, Any]]) -> None:
         self._failed = None
         try:
@@ -129,10 +155,22 @@ class NodeDataset(IterableDataset):
         self._active_round = round_
 
     def __iter__(self) -> "NodeDataset":
-        self._start(self.round, None)
+        if get_worker_info() is None:
+            self._start(self.round, None)
+        else:
+            # torchdata's worker calls iter() and then, to resume, loads the state: the graph starts at the
+            # first batch or state asked of it instead, so it is not reset twice (a reset starts a remote
+            # source's fetches, which the second would drop).
+            self._deferred = self.round
         return self
 
+    def _begin(self) -> None:
+        if self._deferred is not None:
+            round_, self._deferred = self._deferred, None
+            self._start(round_, None)
+
     def __next__(self):
+        self._begin()
         if self._failed is not None:
             _raise_portable(self._failed)
         batch = None
@@ -153,6 +191,7 @@ class NodeDataset(IterableDataset):
         return WireBatch(batch, self.rings[info.id] if self.rings and self.armed else None)
 
     def state_dict(self) -> Dict[str, Any]:
+        self._begin()
         # A graph that failed to build has no position (its error comes with the first batch).
         node = None if self._failed is not None else self._root.state_dict()
         if get_worker_info() is not None:
@@ -163,6 +202,7 @@ class NodeDataset(IterableDataset):
         if not isinstance(state, Mapping) or set(state) != {self.ROUND, self.NODE}:
             raise StateError(f"worker state has keys {sorted(state) if isinstance(state, Mapping) else state!r}, "
                              f"expected {[self.ROUND, self.NODE]}; was it saved by a tokenloom loader?")
+        self._deferred = None
         self._start(int(state[self.ROUND]), state[self.NODE])
 
 

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import base64
 import zlib
-from typing import Any, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -73,6 +73,26 @@ def nodes_of(node: Any) -> Iterator[Any]:
         parent = node._cursor.parent
     if parent is not None and hasattr(parent, "reset"):
         yield from nodes_of(parent)
+
+
+def reader_states(node: Any, state: Optional[Mapping[str, Any]]) -> Iterator[Tuple[Any, Optional[Mapping[str, Any]]]]:
+    """``(reader, its state)`` for every reader of the graph under ``node``, found in ``state``, the
+    state ``node`` saved (None: a graph that starts from nothing). A node nests its parent's state
+    under its class's ``PARENT`` key (a packer: as of its replay window's start, where a restore
+    reads from), a mixer its children's under ``CHILDREN``, by name. KeyError: ``state`` is not
+    this graph's."""
+    if kind_of(node) == "reader":
+        yield node, state
+        return
+    children = getattr(node, "children", None)
+    if isinstance(children, list):
+        nested = None if state is None else state[type(node).CHILDREN]
+        for name, child in zip(node.names, children):
+            yield from reader_states(child, None if nested is None else nested[name])
+        return
+    key, parent = getattr(type(node), "PARENT", None), getattr(node, "parent", None)
+    if key is not None and parent is not None:
+        yield from reader_states(parent, None if state is None else state[key])
 
 
 def kind_of(node: Any) -> str:
