@@ -297,16 +297,16 @@ def _plan_sources(named: Mapping[str, Any], tokenizer: Any, *, columns: Mapping[
 
 def _start_first_fetches(plans: Sequence[SourcePlan], rank: int, num_workers: int, num_shards: int, seed: int,
                          epochs: Optional[int]) -> None:
-    """Fetch the first row groups this rank's workers will read of each remote parquet source, in the
-    background from now on (`start_first_fetches`, first_fetches.py): they come with the workers' memory
-    instead of two round trips after each worker starts, and this process lets go of them once it has
-    forked the workers. The sharders as `PackedGraph` makes them."""
+    """Fetch the first units (row groups, jsonl line ranges) this rank's workers will read of each remote
+    source listed with its files open, in the background from now on (`start_first_fetches`,
+    first_fetches.py): they come with the workers' memory instead of two round trips after each worker
+    starts, and this process lets go of them once it has forked the workers. The sharders as
+    `PackedGraph` makes them."""
     workers = max(num_workers, 1)
     for plan in plans:
-        if plan.fmt == "parquet":
-            start_first_fetches(plan.units, plan.column, shards=[rank * workers + w for w in range(workers)],
-                                num_shards=num_shards, seed=seed, epochs=epochs if len(plans) == 1 else None,
-                                forks=num_workers or None)
+        start_first_fetches(plan.units, plan.column, shards=[rank * workers + w for w in range(workers)],
+                            num_shards=num_shards, seed=seed, epochs=epochs if len(plans) == 1 else None,
+                            forks=num_workers or None)
 
 
 def packed_loader(

@@ -82,19 +82,21 @@ class PackedGraph:
 
     def fetch_first(self, shards: Sequence[Tuple[ShardContext, Optional[Mapping[str, Any]]]]) -> int:
         """After a restore, before the workers start: fetch in this process the first units each shard
-        reads of a remote parquet source from the position its state (None: its start, or an elastic
+        reads of a remote source from the position its state (None: its start, or an elastic
         plan) restores, as the build did from the start (`fetch_first_from`): the workers then start
         with them, not two round trips later. ``shards``: ``(context, the graph's state)`` per worker.
         How many units were added."""
+        if not any(getattr(getattr(p.units, "first", None), "handles", None) for p in self.plans):
+            return 0  # local files, or remote ones listed without keeping them open: nothing to fetch here
         upcoming: Dict[str, List[Any]] = {p.name: [] for p in self.plans}
         for ctx, state in shards:
             for reader, saved in reader_states(self(ctx), state):
-                sharder = getattr(reader, "parent", None)
+                sharder = getattr(reader, "sharder", None)
                 if reader.source in upcoming and isinstance(sharder, ShardUnits):
                     sharder.reset(None if saved is None else saved[type(reader).PARENT])
                     upcoming[reader.source].append(sharder.ahead())
         return sum(fetch_first_from(p.units, p.column, upcoming[p.name]) for p in self.plans
-                   if p.fmt == "parquet" and upcoming[p.name])
+                   if upcoming[p.name])
 
     def __call__(self, ctx: ShardContext):
         first_epoch = ctx.round * self.epochs if self.epochs is not None else 0

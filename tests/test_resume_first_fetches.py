@@ -10,14 +10,19 @@ asked for. Every batch is also compared with the uninterrupted run.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 
 import boto3
+import pyarrow.parquet as pq
 import pytest
 
 from tokenloom.pipes import ReadParquet
+from tokenloom.pipes.sources import first_fetches
 from tokenloom.pipes.sources.readahead import RowGroupReadAhead
+from tokenloom.pipes.sources.text_files import UnitBytes
+from tokenloom.pipes.sources.unit_readahead import UnitReadAhead
 from tokenloom.recipes import pretrain
 
 from .conftest import synthetic_texts, write_corpus
@@ -32,11 +37,14 @@ SAVE_AT = 40
 @pytest.fixture(scope="module")
 def many_units(s3, tmp_path_factory):
     """1,500 short documents in 3 files of 20-row row groups (75 units: more than a worker's first
-    fetches), on local disk and in the bucket under ``many/``. Returns the local directory."""
+    fetches), as parquet and as jsonl (listed in units of 20 lines: `_jsonl_units_of_20`), on local disk and
+    in the bucket under ``many/``. Returns the local directory."""
     endpoint, access, secret, _, _ = s3
     local = tmp_path_factory.mktemp("many_units")
     texts = [" ".join(t.split()[:30]) for t in synthetic_texts(1500, seed=31)]
-    write_corpus(str(local), texts, files=3, row_group_size=20)
+    for path in write_corpus(str(local), texts, files=3, row_group_size=20):
+        with open(path[:-len(".parquet")] + ".jsonl", "w") as f:
+            f.writelines(json.dumps({"text": t}) + "\n" for t in pq.read_table(path)["text"].to_pylist())
     client = boto3.client("s3", endpoint_url=f"http://{endpoint}", region_name="us-east-1",
                           aws_access_key_id=access, aws_secret_access_key=secret)
     for name in sorted(os.listdir(local)):
@@ -44,61 +52,95 @@ def many_units(s3, tmp_path_factory):
     return str(local)
 
 
-@pytest.mark.parametrize("saved_workers", [1, 2])  # 2: an elastic resume (the plan hands over the old shards' rows)
-def test_a_resume_fetches_its_first_units_before_the_workers_start(s3, creds, tok_path, many_units, tmp_path,
-                                                                   monkeypatch, saved_workers):
+def _jsonl_units_of_20(monkeypatch):
+    """jsonl sources list in units of 20 lines (1,000 by default: one unit per file here)."""
+    from tokenloom.pipes.sources import readers
+    from tokenloom.pipes.sources.jsonl import list_jsonl_units
+
+    monkeypatch.setattr(readers, "list_jsonl_units", functools.partial(list_jsonl_units, rows_per_unit=20))
+
+
+def _record_the_worker(monkeypatch, events):
+    """Patches (inherited by a forked worker) with which the worker writes to ``events`` what it does: the
+    units it loads (``load``), takes from the building process's first fetches (``took``) and fetches itself
+    (``fetched``), each as its key (parquet: file, row group; a line unit: file, start)."""
+    parent = os.getpid()
+
+    def record(kind, file, at):
+        if os.getpid() != parent:
+            with open(events, "a") as f:
+                f.write(json.dumps([kind, int(file), int(at)]) + "\n")
+
+    load, fetch = ReadParquet._load, RowGroupReadAhead._fetch_part
+    monkeypatch.setattr(ReadParquet, "_load", lambda self, s: (
+        record("load", self.units.file[s.unit], self.units.row_group[s.unit]), load(self, s))[1])
+    monkeypatch.setattr(RowGroupReadAhead, "_fetch_part", lambda self, f, *a: (
+        record("fetched", *f.key), fetch(self, f, *a))[1])
+    read, fetch_whole, fetch_part = UnitBytes.read, UnitReadAhead._fetch, UnitReadAhead._fetch_part
+    monkeypatch.setattr(UnitBytes, "read", lambda self, u: (
+        record("load", self.units.file[u], self.units.start[u]), read(self, u))[1])
+    monkeypatch.setattr(UnitReadAhead, "_fetch", lambda self, fut, file, start, size: (
+        record("fetched", file, start), fetch_whole(self, fut, file, start, size))[1])
+    monkeypatch.setattr(UnitReadAhead, "_fetch_part", lambda self, whole, file, at, off, n: (
+        record("fetched", file, off - at), fetch_part(self, whole, file, at, off, n))[1])
+    take = first_fetches.FirstFetches.take
+
+    def took(self, key):
+        got = take(self, key)
+        if got is not None:
+            record("took", *key)
+        return got
+
+    monkeypatch.setattr(first_fetches.FirstFetches, "take", took)
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+@pytest.mark.parametrize("start", ["fresh", "resume", "elastic"])  # elastic: the plan hands over old shards' rows
+def test_the_first_units_come_before_the_workers_start(s3, creds, tok_path, many_units, tmp_path, monkeypatch,
+                                                      fmt, start):
+    """A fresh start, a resume and an elastic resume from a slow store: the units a worker reads first were
+    fetched by the process that built the loader (and loaded the state), not by the worker; none twice."""
     endpoint = s3[0]
+    if fmt == "jsonl":
+        _jsonl_units_of_20(monkeypatch)
     bench = _load_remote_benchmark()
     port = bench._free_port()
     proxy = bench.slow_proxy(port, int(endpoint.split(":")[1]), LATENCY, 50e6)
     try:
-        uri = _uri(s3, f"{BUCKET}/many/*.parquet").replace(endpoint, f"127.0.0.1:{port}")
-        # saved on local disk (a corpus moved to a bucket resumes), well past the fresh run's first fetches
-        loader = pretrain(os.path.join(many_units, "*.parquet"), tokenizer=tok_path,
-                          **dict(ARGS, num_workers=saved_workers))
-        it = iter(loader)
-        for _ in range(SAVE_AT):
-            next(it)
-        state = loader.state_dict()
-        want = next(it) if saved_workers == ARGS["num_workers"] else None
-        if want is None:
-            state = [state]  # every old rank's state: an elastic resume onto one worker
-        del it, loader
-
-        # what the worker does, recorded by the worker itself (forked with these patches)
+        uri = _uri(s3, f"{BUCKET}/many/*.{fmt}").replace(endpoint, f"127.0.0.1:{port}")
+        state = want = None
+        if start != "fresh":  # saved on local disk (a corpus moved to a bucket resumes), past the first fetches
+            loader = pretrain(os.path.join(many_units, f"*.{fmt}"), tokenizer=tok_path,
+                              **dict(ARGS, num_workers=2 if start == "elastic" else 1))
+            it = iter(loader)
+            for _ in range(SAVE_AT):
+                next(it)
+            state = loader.state_dict()
+            if start == "elastic":
+                state = [state]  # every old rank's state: an elastic resume onto one worker
+            else:
+                want = next(it)
+            del it, loader
         events = tmp_path / "events.jsonl"
-        parent = os.getpid()
-
-        def record(kind, file, group):
-            if os.getpid() != parent:
-                with open(events, "a") as f:
-                    f.write(json.dumps([kind, int(file), int(group)]) + "\n")
-
-        load, take, fetch = ReadParquet._load, RowGroupReadAhead._take_first, RowGroupReadAhead._fetch_part
-        monkeypatch.setattr(ReadParquet, "_load", lambda self, s: (
-            record("load", self.units.file[s.unit], self.units.row_group[s.unit]), load(self, s))[1])
-        monkeypatch.setattr(RowGroupReadAhead, "_take_first", lambda self, key, *a: (
-            record("took", *key), take(self, key, *a))[1])
-        monkeypatch.setattr(RowGroupReadAhead, "_fetch_part", lambda self, f, *a: (
-            record("fetched", *f.key), fetch(self, f, *a))[1])
-        resumed = pretrain(uri, tokenizer=tok_path, **ARGS)
-        resumed.load_state_dict(state)
-        got = [next(iter(resumed)) for _ in range(1)]
-        del resumed
+        _record_the_worker(monkeypatch, events)
+        loader = pretrain(uri, tokenizer=tok_path, **ARGS)
+        if state is not None:
+            loader.load_state_dict(state)
+        got = next(iter(loader))
+        del loader
     finally:
         proxy.shutdown()
-    assert want is None or items_equal(want, got[0]), "the resumed run is not the uninterrupted one"
+    assert want is None or items_equal(want, got), "the resumed run is not the uninterrupted one"
 
     seen = [json.loads(line) for line in events.read_text().splitlines()]
     loaded = [tuple(e[1:]) for e in seen if e[0] == "load"]
     took = [tuple(e[1:]) for e in seen if e[0] == "took"]
     fetched = {tuple(e[1:]) for e in seen if e[0] == "fetched"}
     assert len(loaded) >= 3, seen
-    first = loaded[:3]  # the row groups the restore reads first
+    first = loaded[:3]  # the units the worker reads first
     assert not fetched & set(first), (f"the worker fetched {sorted(fetched & set(first))} itself, among the first "
-                                     f"row groups it read {first}: the process that loaded the state did not")
+                                     f"units it read {first}: the process that built the loader did not")
     assert set(first) <= set(took), (first, took)
-    assert len(took) == len(set(took)), f"row groups taken twice (dropped at the restore, taken again): {took}"
 
 
 def test_a_resumed_worker_starts_its_graph_once_from_the_state(tok_path, many_units, tmp_path, monkeypatch):
@@ -135,3 +177,42 @@ def test_a_resumed_worker_starts_its_graph_once_from_the_state(tok_path, many_un
     next(iter(fresh))
     del fresh
     assert [json.loads(x) for x in calls.read_text().splitlines()] == [False]
+
+
+@pytest.mark.filterwarnings("ignore:sources 'a' and 'b' both read")  # on purpose: two sources, one graph shape
+@pytest.mark.parametrize("packing", ["flat", "bestfit", "bestfit-crop"])
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+def test_the_readers_states_are_found_in_a_saved_state(tok_path, many_units, monkeypatch, packing, fmt):
+    """`reader_states` walks a worker's saved graph state down to each reader's (what a resume's first
+    fetches plan from), whatever the packer and with one or two sources; a sharder restored from it
+    emits next what the restored reader then loads."""
+    from tokenloom.pipes.loader.elastic import worker_trees
+    from tokenloom.pipes.loader.bridge import ShardContext, decode_state
+    from tokenloom.pipes.pack.savepoint import reader_states
+
+    if fmt == "jsonl":
+        _jsonl_units_of_20(monkeypatch)
+    files = os.path.join(many_units, f"*.{fmt}")
+    for sources in (files, {"a": files, "b": files}):
+        loader = pretrain(sources, tokenizer=tok_path, packing=packing, **dict(ARGS, num_workers=0))
+        it = iter(loader)
+        for _ in range(7):
+            next(it)
+        tree = worker_trees(decode_state(loader.state_dict())["loader"])[0]
+        factory = loader.dataset.factory
+        found = list(reader_states(factory(ShardContext(0, 1, 0, 0, tree["round"])), tree["node"]))
+        assert len(found) == (1 if isinstance(sources, str) else 2)
+        for reader, saved in found:
+            assert set(saved) == set(type(reader).STATE_KEYS), (packing, saved)
+            sharder = reader.sharder
+            sharder.reset(saved[type(reader).PARENT])
+            next_units = [s.unit for s, _ in zip(sharder.ahead(), range(3))]
+            # the reader restored from the same state loads these next
+            reader.reset(saved)
+            loads = []
+            real = reader._cursor.load
+            reader._cursor.load = lambda s: (loads.append(s.unit), real(s))[1]
+            while len(loads) < 3:
+                next(reader)
+            assert loads == next_units, (packing, fmt, sources)
+        del it, loader

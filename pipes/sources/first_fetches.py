@@ -1,11 +1,13 @@
-"""The first row groups of a remote source, fetched by the process that builds the loader.
+"""The first units of a remote source, fetched by the process that builds the loader.
 
 A loader worker that starts from nothing opens its files (pyarrow's size lookup, one round
 trip per file and process) and fetches its first units (another) after the fork, and it
 waits for them. The process that builds the loader has the files open already (listing
-read their footers), so it fetches the units its workers read first, in the background
-from the moment listing ends, and a fork waits for those fetches: a worker starts with their
-bytes in its memory and takes them by key (readahead.py's `RowGroupReadAhead`).
+read a parquet file's footer, a jsonl file's lines), so it fetches the units its workers
+read first, in the background from the moment listing ends, and a fork waits for those
+fetches: a worker starts with their bytes in its memory and takes them by key, a row group
+``(file, row group)`` (readahead.py's `RowGroupReadAhead`), a line unit ``(file, start)``
+(unit_readahead.py's `UnitReadAhead`).
 
 How much: per shard, units until ``FIRST_SHARD_BYTES`` (1 MiB; at least one, at most
 ``DEPTH`` looked at), enough to tokenize while the worker opens its files and its own
@@ -32,7 +34,7 @@ import os
 import threading
 import time
 import weakref
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -89,16 +91,16 @@ def first_requests(items: Sequence[Tuple[Key, Any, int, List[Tuple[int, int]]]])
 
 
 class FirstFetches:
-    """Row groups a loader's workers will read first, fetched in the background by the process that
-    builds the loader, from the moment listing has read the footers: a worker then finds its first
+    """Units (row groups, line ranges) a loader's workers will read first, fetched in the background by
+    the process that builds the loader, from the moment listing ends: a worker then finds its first
     units' bytes in its memory when it starts, instead of opening their files (pyarrow's size lookup,
     one round trip per file and process) and fetching them (another) after the fork.
 
     ``items`` are ``(key, handle, file size, ranges)``: the handle listing opened the file with, and
-    the ranges a worker would fetch (`chunk_ranges`); they are fetched in a few requests at once
+    the ranges a worker would fetch (`unit_ranges`); they are fetched in a few requests at once
     (`first_requests`). Bytes are matched by key, so a worker whose position is elsewhere finds
     nothing (the bytes of a key do not depend on who reads it: what comes does not change); a
-    restore `add`\ s the units its workers read first from the loaded positions. ``handles`` (file
+    restore adds (`add`) the units its workers read first from the loaded positions. ``handles`` (file
     index -> the handle listing opened) stay open for those: they are closed once the bytes are let
     go, or, with no forks to wait for, at the first `take` in this process. A fork waits until the
     requests in flight have ended (at most ``FIRST_WAIT`` s): the bytes are then in the child's copy
@@ -232,31 +234,36 @@ class FirstFetches:
 def start_first_fetches(units: Any, column: str, *, shards: Sequence[int], num_shards: int, seed: int,
                         epochs: Optional[int], readahead: Optional[int] = None,
                         forks: Optional[int] = None) -> Optional[FirstFetches]:
-    """Start fetching, in this process, the first units ``shards`` will read of a remote source whose
-    footers are shipped (`FirstFetches`): per shard, units until `FIRST_SHARD_BYTES` (at least one, at
-    most `DEPTH` looked at), round-robin over the shards while the source's `FIRST_BYTES` last, with
-    the handles listing opened (kept for a restore's `fetch_first_from`, then closed); the bytes are let
-    go after ``forks`` forks of this process (the loader's workers; None: kept). ``units.first`` is set;
-    None when nothing is fetched (local files, read-ahead off, footers not shipped, or no handles)."""
-    handles, units.handles = units.handles, None
+    """Start fetching, in this process, the first units ``shards`` will read of a remote source listed
+    with its files open (``units.handles``: a parquet source whose footers are shipped, the line files
+    of a jsonl source): per shard, units until `FIRST_SHARD_BYTES` (at least one, at most `DEPTH`
+    looked at), round-robin over the shards while the source's `FIRST_BYTES` last (`FirstFetches`);
+    the handles are kept for a restore's `fetch_first_from`, then closed; the bytes are let go after
+    ``forks`` forks of this process (the loader's workers; None: kept). ``units.first`` is set; None
+    when nothing is fetched (local files, read-ahead off, footers not shipped, or no handles)."""
+    handles = getattr(units, "handles", None)
+    if handles is None:
+        return None
+    units.handles = None
     try:
         budget = budget_for({id(f.fs): f.fs for f in units.files}.values(), readahead)
-        if not budget or units.footers is None or handles is None:
+        if not budget or unit_ranges(units, column) is None:
             return None
         upcoming = []
         for g in shards:
             node = ShardUnits(units.rows, shard=g, num_shards=num_shards, seed=seed, epochs=epochs)
             node.reset(None)
             upcoming.append(node.ahead())
-        units.first = FirstFetches(handles=dict(enumerate(handles)), forks=forks)
+        units.first = FirstFetches(handles=handles if isinstance(handles, dict) else dict(enumerate(handles)),
+                                   forks=forks)
         units.first.add(_first_items(units, column, upcoming, min(FIRST_BYTES, budget), units.first))
         return units.first
     except Exception:  # noqa: BLE001 - only an early start: the workers fetch what is not here
         log.debug("no first fetches", exc_info=True)
         return None
     finally:
-        if handles is not None and units.first is None:
-            _close_all(handles)
+        if getattr(units, "first", None) is None:
+            _close_all(list(handles.values()) if isinstance(handles, dict) else handles)
 
 
 def fetch_first_from(units: Any, column: str, upcoming: Sequence[Iterator[WorkSlice]],
@@ -266,7 +273,7 @@ def fetch_first_from(units: Any, column: str, upcoming: Sequence[Iterator[WorkSl
     rule, with the handles it kept (none left: nothing, the workers fetch their own). How many units
     are new (the rest was fetched already, or is over the budget)."""
     first = getattr(units, "first", None)
-    if first is None or first.handles is None:
+    if first is None or first.handles is None or unit_ranges(units, column) is None:
         return 0
     budget = budget_for({id(f.fs): f.fs for f in units.files}.values(), readahead)
     if not budget:
@@ -274,19 +281,36 @@ def fetch_first_from(units: Any, column: str, upcoming: Sequence[Iterator[WorkSl
     return first.add(_first_items(units, column, upcoming, min(FIRST_BYTES, budget), first))
 
 
+def unit_ranges(units: Any, column: str) -> Optional[Callable[[int], Tuple[Key, Callable[[], List[Tuple[int, int]]]]]]:
+    """``unit -> (key, ranges())`` for the units a reader fetches ahead and takes from `FirstFetches`
+    by key: a parquet row group ``(file, row group)``, its column chunks as the footer shipped with the
+    units places them (`chunk_ranges`); a line unit ``(file, start)``, its byte range. None: neither."""
+    if getattr(units, "row_group", None) is not None:
+        footers = getattr(units, "footers", None)
+        if footers is None:
+            return None
+        metas: Dict[int, Any] = {}
+
+        def chunks(i: int, group: int) -> List[Tuple[int, int]]:
+            if i not in metas:
+                metas[i] = pq.ParquetFile(pa.BufferReader(footers[i])).metadata
+            return chunk_ranges(metas[i], group, [column], units.files[i].size)
+
+        return lambda u: ((int(units.file[u]), int(units.row_group[u])),
+                          lambda: chunks(int(units.file[u]), int(units.row_group[u])))
+    if getattr(units, "start", None) is not None and getattr(units, "end", None) is not None:
+        return lambda u: ((int(units.file[u]), int(units.start[u])),
+                          lambda: [(int(units.start[u]), int(units.end[u]) - int(units.start[u]))])
+    return None
+
+
 def _first_items(units: Any, column: str, upcoming: Sequence[Iterator[WorkSlice]], cap: int,
                  first: FirstFetches) -> List[tuple]:
     """The items (`FirstFetches`) of the shards whose slices to come are ``upcoming``: round-robin, each
     shard's next unit in turn, until it has `FIRST_SHARD_BYTES` or has looked at `DEPTH` units; a unit
-    ``first`` holds already counts for its shard and is not fetched again; new bytes stay within ``cap``."""
-    metas: Dict[int, Any] = {}
-
-    def ranges_of(key: Tuple[int, int]) -> List[Tuple[int, int]]:
-        i = key[0]
-        if i not in metas:
-            metas[i] = pq.ParquetFile(pa.BufferReader(units.footers[i])).metadata
-        return chunk_ranges(metas[i], key[1], [column], units.files[i].size)
-
+    ``first`` holds already counts for its shard and is not fetched again; a unit of a file with no
+    handle (a compressed file, a JSON array) is left to the worker; new bytes stay within ``cap``."""
+    of = unit_ranges(units, column)
     handles = first.handles or {}
     taken = [0] * len(upcoming)
     looked = [0] * len(upcoming)
@@ -301,14 +325,14 @@ def _first_items(units: Any, column: str, upcoming: Sequence[Iterator[WorkSlice]
             if s is None:
                 live.remove(g)
                 continue
-            key = (int(units.file[s.unit]), int(units.row_group[s.unit]))
+            key, ranges_of = of(s.unit)
             if key not in seen:  # a small source's next epoch brings units back: fetched once
                 seen.add(key)
                 held = first.size(key)
                 if held is not None:
                     taken[g] += held
                 elif key[0] in handles:
-                    ranges = ranges_of(key)
+                    ranges = ranges_of()
                     n = sum(n for _, n in ranges)
                     if total + n > cap:
                         live = []

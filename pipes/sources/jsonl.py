@@ -49,7 +49,7 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass, replace
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -205,16 +205,21 @@ def list_jsonl_units(files: Sequence[SourceFile], *, field: Optional[str] = "tex
         opener = open_decompressed if compressed else SourceFile.open
         try:
             if pool is not None and not compressed:  # remote: one open, its first reads tell an array apart
-                with f.open() as handle:
+                handle, kept = f.open(), None
+                try:
                     blocks = blocks_at_once(handle, handle.size(), pool)
                     try:
                         head, again = first_byte_of(blocks)
                         if head != b"[":
                             found, blank, first = scan_blocks(again, paragraphs=False, rows_per_unit=rows_per_unit,
                                                               max_unit_bytes=max_unit_bytes)
-                            return compressed, False, found, blank, first, found[-1][1] if found else 0
+                            kept = handle if keep else None  # the first fetches read its units with it
+                            return compressed, False, found, blank, first, found[-1][1] if found else 0, kept
                     finally:
                         blocks.close()  # reads in flight end before the handle closes
+                finally:
+                    if kept is None:
+                        handle.close()
             array = first_byte(f, opener) == b"["
             if array:
                 found, first, size = scan_array(f, opener, rows_per_unit=rows_per_unit, max_unit_bytes=max_unit_bytes)
@@ -226,14 +231,40 @@ def list_jsonl_units(files: Sequence[SourceFile], *, field: Optional[str] = "tex
                 size = found[-1][1] if found else 0  # where the last line ends
         except OSError as e:
             raise ValueError(f"cannot read {f.uri or f.path}: {e}") from e
-        return compressed, array, found, blank, first, size
+        return compressed, array, found, blank, first, size, None
 
-    listed, per_file, arrays, blanks = [], [], [], 0
     pool = pool_for(files)  # remote files at once, each file's blocks at once (listing_at_once.py)
-    for f, got in zip(files, each_file(lambda f: scan(f, pool), files)):
+    keep = pool is not None and len(files) <= KEEP_OPEN
+    results: Any = each_file(lambda f: scan(f, pool), files)
+    handles: Dict[int, Any] = {}
+    if keep:  # remote: every file is scanned whatever the first error, so every handle kept is seen here
+        results = list(results)
+        handles = {i: got[-1] for i, got in enumerate(results)
+                   if not isinstance(got, Exception) and got[-1] is not None}
+    try:
+        table = _table(files, results, inspect, max_unit_bytes)
+    except BaseException:
+        for h in handles.values():
+            h.close()
+        raise
+    table.handles = handles or None
+    return table
+
+
+#: A remote jsonl source of at most this many files keeps its line files open after listing, so the
+#: process that builds the loader fetches its workers' first units without opening them again (each open
+#: is a round trip: pyarrow's size lookup); first_fetches.py closes them once the workers have forked.
+KEEP_OPEN = 1024
+
+
+def _table(files: Sequence[SourceFile], results: Sequence[Any], inspect: Callable[[SourceFile, bytes, str], None],
+           max_unit_bytes: int) -> "JsonUnitTable":
+    """The units of ``files`` from each one's scan (or the error it raised: the first in file order is raised)."""
+    listed, per_file, arrays, blanks = [], [], [], 0
+    for f, got in zip(files, results):
         if isinstance(got, Exception):
             raise got
-        compressed, array, found, blank, first, size = got
+        compressed, array, found, blank, first, size, _ = got
         blanks += blank
         if first is not None:
             inspect(f, first, "element" if array else "line")

@@ -36,7 +36,7 @@ and the line, and ``errors="replace"`` substitutes U+FFFD instead.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -70,6 +70,14 @@ class LineUnitTable(FileUnits):
     rows: np.ndarray
     kind: str
     blank_lines: int = 0
+    #: Remote files listing opened and kept open, by file index (jsonl's line files), until the first
+    #: fetches (first_fetches.py) have used them; never pickled.
+    handles: Optional[Dict[int, Any]] = field(default=None, init=False, compare=False, repr=False)
+    #: The units the loader's workers read first, fetched by the process that built it (first_fetches.py).
+    first: Optional[Any] = field(default=None, init=False, compare=False, repr=False)
+
+    def __getstate__(self) -> Dict[str, Any]:
+        return {**self.__dict__, "handles": None}
 
     def where(self, unit: int, row: Optional[int] = None) -> str:
         """A human-readable location for error messages."""
@@ -112,7 +120,7 @@ class UnitBytes:
             self.ahead = UnitReadAhead(
                 lambda i: t.files[i].open_unchanged(), lambda u: (int(t.file[u]), int(t.start[u]), int(t.end[u])),
                 lambda: (s.unit if self.fetchable(s.unit) else None for s in parent.ahead()),
-                budget=budget) if budget else False
+                budget=budget, first=getattr(t, "first", None)) if budget else False
         if self.ahead:
             self.ahead.restart()
 
@@ -244,6 +252,11 @@ class CursorReader:
     """What a reader whose position is a `UnitCursor` (``self._cursor``) hands on to it: the rows
     an elastic resume carries over (`unread`), the epoch of the next row (`next_epoch`) and its
     position (`position`)."""
+
+    @property
+    def sharder(self) -> ShardUnits:
+        """The `ShardUnits` whose slices this reader reads (its state is under the reader's ``PARENT`` key)."""
+        return self._cursor.parent
 
     def unread(self, upto_epoch: int) -> List[WorkSlice]:
         return self._cursor.unread(upto_epoch)

@@ -21,7 +21,10 @@ compressed files are read as before (their ranges are offsets in the decompresse
 In a loader worker, fetches start at the reader's reset (a fresh start or a restore), so the
 first units of all sources come at once; elsewhere they start with the reader's first read
 in its process, so a graph that is only built and reset (the training process before the
-workers fork) fetches nothing.
+workers fork) fetches nothing. The units of a remote jsonl source's line files that its workers
+read first come fetched already, by the process that built the loader from the handles listing
+kept open (first_fetches.py): a worker takes them by ``(file, start)`` instead of opening the
+file and fetching, two round trips after it starts.
 """
 
 from __future__ import annotations
@@ -49,10 +52,12 @@ class UnitReadAhead:
     """
 
     def __init__(self, opener: Callable[[int], Any], ranges: Callable[[int], tuple],
-                 upcoming: Callable[[], Iterable[Optional[int]]], *, budget: int, depth: int = DEPTH):
+                 upcoming: Callable[[], Iterable[Optional[int]]], *, budget: int, depth: int = DEPTH,
+                 first: Optional[Any] = None):
         if budget <= 0:
             raise ValueError(f"{budget=} must be > 0 (0 is no read-ahead: read synchronously)")
         self.opener, self.ranges, self.upcoming = opener, ranges, upcoming
+        self.first = first  # FirstFetches: units the building process fetched, by (file, start)
         self.budget, self.depth = int(budget), int(depth)
         self._lock = threading.Lock()
         self._files: "OrderedDict[int, Future]" = OrderedDict()  # file -> Future[handle]
@@ -63,7 +68,7 @@ class UnitReadAhead:
         self._held = 0
         self._planned = False
         self._last: tuple = (None, b"")  # the unit read last and its bytes: consecutive slices of one unit
-        self.counts = {"ready": 0, "waited": 0, "inline": 0, "peak_bytes": 0, "fetched_bytes": 0}
+        self.counts = {"ready": 0, "waited": 0, "inline": 0, "peak_bytes": 0, "fetched_bytes": 0, "first": 0}
 
     def restart(self) -> None:
         """Forget the plan and plan again from the reader's position: in a loader worker its fetches
@@ -146,9 +151,14 @@ class UnitReadAhead:
             split = not self._held
             self._held += size
             self.counts["peak_bytes"] = max(self.counts["peak_bytes"], self._held)
-            self.counts["fetched_bytes"] += size
             fut: Future = Future()
             self._pending[u] = (fut, size)
+            got = self.first.take((file, start)) if self.first is not None else None
+            if got is not None:  # fetched before this worker started (first_fetches.py): no request
+                fut.set_result(b"".join(data for _, data in sorted(got[1], key=lambda c: c[0])))
+                self.counts["first"] += 1
+                continue
+            self.counts["fetched_bytes"] += size
             parts = [(off, min(PART_BYTES, start + size - off)) for off in range(start, start + size, PART_BYTES)]
             if len(parts) <= 1 or not split:
                 pool.submit(lambda fut=fut, file=file, start=start, size=size: self._fetch(fut, file, start, size))
