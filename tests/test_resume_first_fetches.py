@@ -216,3 +216,33 @@ def test_the_readers_states_are_found_in_a_saved_state(tok_path, many_units, mon
                 next(reader)
             assert loads == next_units, (packing, fmt, sources)
         del it, loader
+
+
+def test_a_long_line_unit_is_fetched_first_in_parts_at_once(tmp_path, monkeypatch):
+    """The building process fetches a line unit of a few MB as `unit_readahead.PART_BYTES` parts at once
+    (one request of 3.7 MB took ~0.3 s behind 100 ms and 20 MB/s, longer than a worker's own fetch), and
+    the bytes a worker takes, joined, are the unit's."""
+    from tokenloom.pipes.sources import readahead as readahead_mod
+    from tokenloom.pipes.sources import unit_readahead
+    from tokenloom.pipes.sources.files import resolve_files
+    from tokenloom.pipes.sources.jsonl import list_jsonl_units
+
+    monkeypatch.setenv(readahead_mod.ENV, "all")  # a local file gets the remote file's budget
+    path = tmp_path / "big.jsonl"
+    with open(path, "w") as f:
+        f.writelines(json.dumps({"text": f"document {i} " + "word " * 600}) + "\n" for i in range(1500))
+    units = list_jsonl_units(resolve_files(str(path), "jsonl"), rows_per_unit=1000)
+    assert len(units.rows) == 2 and min(units.end - units.start) > unit_readahead.PART_BYTES
+    units.handles = {0: units.files[0].open()}  # as a remote listing keeps them
+    asked, real = [], first_fetches._read_range
+    monkeypatch.setattr(first_fetches, "_read_range", lambda h, off, n: (asked.append(n), real(h, off, n))[1])
+    first = first_fetches.start_first_fetches(units, "text", shards=[0], num_shards=1, seed=0, epochs=1)
+    assert first is not None and first.wait(30) and first.errors == 0
+    assert max(asked) <= unit_readahead.PART_BYTES and len(asked) >= 2, asked
+    data = path.read_bytes()
+    for u in range(len(units.rows)):
+        key = (0, int(units.start[u]))
+        if first.size(key) is not None:
+            _, chunks = first.take(key)
+            assert b"".join(d for _, d in sorted(chunks, key=lambda c: c[0])) == \
+                data[int(units.start[u]):int(units.end[u])]

@@ -41,6 +41,7 @@ import pyarrow.parquet as pq
 
 from ..shard import ShardUnits, WorkSlice
 from .readahead import DEPTH, Key, _parts, _pool, _read_range, budget_for, chunk_ranges
+from . import unit_readahead
 
 log = logging.getLogger(__name__)
 
@@ -299,9 +300,16 @@ def unit_ranges(units: Any, column: str) -> Optional[Callable[[int], Tuple[Key, 
         return lambda u: ((int(units.file[u]), int(units.row_group[u])),
                           lambda: chunks(int(units.file[u]), int(units.row_group[u])))
     if getattr(units, "start", None) is not None and getattr(units, "end", None) is not None:
-        return lambda u: ((int(units.file[u]), int(units.start[u])),
-                          lambda: [(int(units.start[u]), int(units.end[u]) - int(units.start[u]))])
+        return lambda u: ((int(units.file[u]), int(units.start[u])), lambda: _line_parts(units, u))
     return None
+
+
+def _line_parts(units: Any, u: int) -> List[Tuple[int, int]]:
+    """Line unit ``u``'s byte range in parts of `unit_readahead.PART_BYTES` (1 MiB), fetched at once, as a
+    worker fetches a unit it waits for: a 3.7 MB unit in one request takes ~0.3 s behind 100 ms and 20 MB/s
+    per connection, in parts ~0.15 s (a worker joins the parts it takes, whatever the split)."""
+    start, end, part = int(units.start[u]), int(units.end[u]), unit_readahead.PART_BYTES
+    return [(off, min(part, end - off)) for off in range(start, end, part)]
 
 
 def _first_items(units: Any, column: str, upcoming: Sequence[Iterator[WorkSlice]], cap: int,
