@@ -124,7 +124,10 @@ def test_the_first_units_come_before_the_workers_start(s3, creds, tok_path, many
         events = tmp_path / "events.jsonl"
         _record_the_worker(monkeypatch, events)
         loader = pretrain(uri, tokenizer=tok_path, **ARGS)
-        if state is not None:
+        if state is not None and fmt == "jsonl":  # the bucket's copies are newer: jsonl has no content hash
+            with pytest.warns(UserWarning, match="other modification times"):
+                loader.load_state_dict(state)
+        elif state is not None:
             loader.load_state_dict(state)
         got = next(iter(loader))
         del loader
