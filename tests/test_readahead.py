@@ -774,11 +774,12 @@ def test_line_units_longer_than_a_part_are_fetched_in_parts_and_read_the_same(li
 def test_line_unit_sources_fetch_their_first_units_at_once_in_a_worker(slow_store, line_files, tok_path,
                                                                        monkeypatch):
     """In a loader worker a line reader's fetches start at reset: the first units of two sources reach the store
-    together (they came one source after the other, the second after the first one's unit was read). The jsonl
-    source is listed without keeping its files open, so the building process fetches none of its units."""
-    from tokenloom.pipes.sources import jsonl
+    together (they came one source after the other, the second after the first one's unit was read). The
+    sources are listed without keeping their files open, so the building process fetches none of their units."""
+    from tokenloom.pipes.sources import jsonl, line_listing
 
     monkeypatch.setattr(jsonl, "KEEP_OPEN", 0)
+    monkeypatch.setattr(line_listing, "KEEP_OPEN", 0)
     uri, log = slow_store
     _, prefix = line_files
     base = uri(prefix)

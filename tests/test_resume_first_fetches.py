@@ -43,8 +43,11 @@ def many_units(s3, tmp_path_factory):
     local = tmp_path_factory.mktemp("many_units")
     texts = [" ".join(t.split()[:30]) for t in synthetic_texts(1500, seed=31)]
     for path in write_corpus(str(local), texts, files=3, row_group_size=20):
+        rows = pq.read_table(path)["text"].to_pylist()
         with open(path[:-len(".parquet")] + ".jsonl", "w") as f:
-            f.writelines(json.dumps({"text": t}) + "\n" for t in pq.read_table(path)["text"].to_pylist())
+            f.writelines(json.dumps({"text": t}) + "\n" for t in rows)
+        with open(path[:-len(".parquet")] + ".txt", "w") as f:
+            f.write("\n\n".join(rows) + "\n")
     client = boto3.client("s3", endpoint_url=f"http://{endpoint}", region_name="us-east-1",
                           aws_access_key_id=access, aws_secret_access_key=secret)
     for name in sorted(os.listdir(local)):
@@ -53,11 +56,13 @@ def many_units(s3, tmp_path_factory):
 
 
 def _jsonl_units_of_20(monkeypatch):
-    """jsonl sources list in units of 20 lines (1,000 by default: one unit per file here)."""
+    """jsonl and text sources list in units of 20 rows (1,000 by default: one unit per file here)."""
     from tokenloom.pipes.sources import readers
     from tokenloom.pipes.sources.jsonl import list_jsonl_units
+    from tokenloom.pipes.sources.line_listing import list_text_units
 
     monkeypatch.setattr(readers, "list_jsonl_units", functools.partial(list_jsonl_units, rows_per_unit=20))
+    monkeypatch.setattr(readers, "list_text_units", functools.partial(list_text_units, rows_per_unit=20))
 
 
 def _record_the_worker(monkeypatch, events):
@@ -94,14 +99,15 @@ def _record_the_worker(monkeypatch, events):
     monkeypatch.setattr(first_fetches.FirstFetches, "take", took)
 
 
-@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl", "txt"])
 @pytest.mark.parametrize("start", ["fresh", "resume", "elastic"])  # elastic: the plan hands over old shards' rows
 def test_the_first_units_come_before_the_workers_start(s3, creds, tok_path, many_units, tmp_path, monkeypatch,
                                                       fmt, start):
     """A fresh start, a resume and an elastic resume from a slow store: the units a worker reads first were
     fetched by the process that built the loader (and loaded the state), not by the worker; none twice."""
     endpoint = s3[0]
-    if fmt == "jsonl":
+    args = dict(ARGS, text_mode="paragraphs") if fmt == "txt" else ARGS
+    if fmt != "parquet":
         _jsonl_units_of_20(monkeypatch)
     bench = _load_remote_benchmark()
     port = bench._free_port()
@@ -111,7 +117,7 @@ def test_the_first_units_come_before_the_workers_start(s3, creds, tok_path, many
         state = want = None
         if start != "fresh":  # saved on local disk (a corpus moved to a bucket resumes), past the first fetches
             loader = pretrain(os.path.join(many_units, f"*.{fmt}"), tokenizer=tok_path,
-                              **dict(ARGS, num_workers=2 if start == "elastic" else 1))
+                              **dict(args, num_workers=2 if start == "elastic" else 1))
             it = iter(loader)
             for _ in range(SAVE_AT):
                 next(it)
@@ -123,8 +129,8 @@ def test_the_first_units_come_before_the_workers_start(s3, creds, tok_path, many
             del it, loader
         events = tmp_path / "events.jsonl"
         _record_the_worker(monkeypatch, events)
-        loader = pretrain(uri, tokenizer=tok_path, **ARGS)
-        if state is not None and fmt == "jsonl":  # the bucket's copies are newer: jsonl has no content hash
+        loader = pretrain(uri, tokenizer=tok_path, **args)
+        if state is not None and fmt != "parquet":  # the bucket's copies are newer: no content hash to tell
             with pytest.warns(UserWarning, match="other modification times"):
                 loader.load_state_dict(state)
         elif state is not None:

@@ -60,7 +60,7 @@ from .compressed import CompressedUnitBytes, compression_of, content_key, merge_
 from .files import SourceFile, sft_advice
 from .listing_at_once import blocks_at_once, each_file, first_byte_of, pool_for
 from .json_array import first_byte, scan_array, split_elements
-from .line_listing import MAX_UNIT_BYTES, scan_blocks, scan_file, unit_columns
+from .line_listing import KEEP_OPEN, MAX_UNIT_BYTES, scan_blocks, scan_file, unit_columns
 from .text_files import CursorReader, LineUnitTable, SkipCount, UnitCursor
 
 log = logging.getLogger(__name__)
@@ -249,12 +249,6 @@ def list_jsonl_units(files: Sequence[SourceFile], *, field: Optional[str] = "tex
         raise
     table.handles = handles or None
     return table
-
-
-#: A remote jsonl source of at most this many files keeps its line files open after listing, so the
-#: process that builds the loader fetches its workers' first units without opening them again (each open
-#: is a round trip: pyarrow's size lookup); first_fetches.py closes them once the workers have forked.
-KEEP_OPEN = 1024
 
 
 def _table(files: Sequence[SourceFile], results: Sequence[Any], inspect: Callable[[SourceFile, bytes, str], None],

@@ -185,17 +185,59 @@ def list_line_units(files: Sequence[SourceFile], *, kind: str, rows_per_unit: in
         raise ValueError(f"{max_unit_bytes=} must be >= 1")
     per_file, blanks = [], 0
     pool = pool_for(files)  # remote files at once, each file's blocks at once (listing_at_once.py)
-    scanned = each_file(lambda f: scan_file(f, paragraphs=kind == "paragraphs", rows_per_unit=rows_per_unit,
-                                            max_unit_bytes=max_unit_bytes, pool=pool), files)
-    for f, got in zip(files, scanned):
-        if isinstance(got, Exception):
-            raise got
-        found, blank, first_row = got
-        blanks += blank
-        if inspect is not None and first_row is not None:
-            inspect(f, first_row)
-        per_file.append(found)
-    return LineUnitTable(list(files), *unit_columns(per_file), kind, blanks)
+    keep: dict = {}
+    if pool is not None and len(files) <= KEEP_OPEN:  # remote: kept open for the first fetches (first_fetches.py)
+        scanned: Any = list(each_file(lambda f: _scan_kept(f, paragraphs=kind == "paragraphs",
+                                                             rows_per_unit=rows_per_unit,
+                                                             max_unit_bytes=max_unit_bytes, pool=pool), files))
+        keep = {i: got[1] for i, got in enumerate(scanned) if not isinstance(got, Exception)}
+        scanned = [got if isinstance(got, Exception) else got[0] for got in scanned]
+    else:
+        scanned = each_file(lambda f: scan_file(f, paragraphs=kind == "paragraphs", rows_per_unit=rows_per_unit,
+                                                max_unit_bytes=max_unit_bytes, pool=pool), files)
+    try:
+        for f, got in zip(files, scanned):
+            if isinstance(got, Exception):
+                raise got
+            found, blank, first_row = got
+            blanks += blank
+            if inspect is not None and first_row is not None:
+                inspect(f, first_row)
+            per_file.append(found)
+    except BaseException:
+        for h in keep.values():
+            h.close()
+        raise
+    table = LineUnitTable(list(files), *unit_columns(per_file), kind, blanks)
+    table.handles = keep or None
+    return table
+
+
+#: A remote source of at most this many line files keeps them open after listing, so the process that
+#: builds the loader fetches its workers' first units without opening them again (each open is a round
+#: trip: pyarrow's size lookup); first_fetches.py closes them once the workers have forked.
+KEEP_OPEN = 1024
+
+
+def _scan_kept(f: SourceFile, *, paragraphs: bool, rows_per_unit: int, max_unit_bytes: int, pool: Any) -> tuple:
+    """`scan_file` of a remote file, read at once on ``pool``: ``(its scan, the handle, left open)``."""
+    try:
+        handle = f.open()
+    except OSError as e:
+        raise ValueError(f"cannot read {f.uri or f.path}: {e}") from e
+    try:
+        blocks = blocks_at_once(handle, handle.size(), pool)
+        try:
+            return scan_blocks(blocks, paragraphs=paragraphs, rows_per_unit=rows_per_unit,
+                               max_unit_bytes=max_unit_bytes), handle
+        finally:
+            blocks.close()  # reads in flight end before the handle closes
+    except OSError as e:
+        handle.close()
+        raise ValueError(f"cannot read {f.uri or f.path}: {e}") from e
+    except BaseException:
+        handle.close()
+        raise
 
 
 def unit_columns(per_file: Sequence[Sequence[Tuple[int, int, int, int]]]) -> Tuple[np.ndarray, ...]:

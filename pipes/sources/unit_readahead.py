@@ -21,7 +21,7 @@ compressed files are read as before (their ranges are offsets in the decompresse
 In a loader worker, fetches start at the reader's reset (a fresh start or a restore), so the
 first units of all sources come at once; elsewhere they start with the reader's first read
 in its process, so a graph that is only built and reset (the training process before the
-workers fork) fetches nothing. The units of a remote jsonl source's line files that its workers
+workers fork) fetches nothing. The units of a remote jsonl or text source's line files that its workers
 read first come fetched already, by the process that built the loader from the handles listing
 kept open (first_fetches.py): a worker takes them by ``(file, start)`` instead of opening the
 file and fetching, two round trips after it starts.
