@@ -255,3 +255,15 @@ def test_a_long_line_unit_is_fetched_first_in_parts_at_once(tmp_path, monkeypatc
             _, chunks = first.take(key)
             assert b"".join(d for _, d in sorted(chunks, key=lambda c: c[0])) == \
                 data[int(units.start[u]):int(units.end[u])]
+
+
+@pytest.mark.parametrize("workers", [0, 1, 3])
+def test_remote_sources_with_first_fetches_resume_exactly(s3, creds, tok_path, many_units, monkeypatch, workers):
+    """The shared resume helper over remote parquet, jsonl and text sources at once, whose first units the
+    building process fetches (and, resuming, those of the loaded positions): 0, 1 and 3 workers."""
+    from .resume import check_loader_resume
+
+    _jsonl_units_of_20(monkeypatch)
+    sources = {fmt: _uri(s3, f"{BUCKET}/many/*.{fmt}") for fmt in ("parquet", "jsonl", "txt")}
+    args = dict(ARGS, num_workers=workers, text_mode={"parquet": "file", "jsonl": "file", "txt": "paragraphs"})
+    check_loader_resume(lambda: pretrain(sources, tokenizer=tok_path, **args), steps=[1, 6], total=10)
