@@ -243,29 +243,30 @@ def start_first_fetches(units: Any, column: str, *, shards: Sequence[int], num_s
     the handles are kept for a restore's `fetch_first_from`, then closed; the bytes are let go after
     ``forks`` forks of this process (the loader's workers; None: kept). ``units.first`` is set; None
     when nothing is fetched (local files, read-ahead off, footers not shipped, or no handles)."""
-    handles = getattr(units, "handles", None)
-    if handles is None:
+    listed = getattr(units, "handles", None)
+    if listed is None:
         return None
     units.handles = None
+    handles = dict(listed) if isinstance(listed, dict) else dict(enumerate(listed))  # parquet's: a list
     try:
         budget = budget_for({id(f.fs): f.fs for f in units.files}.values(), readahead)
-        if not budget or unit_ranges(units, column) is None:
+        of = unit_ranges(units, column)
+        if not budget or of is None:
             return None
         upcoming = []
         for g in shards:
             node = ShardUnits(units.rows, shard=g, num_shards=num_shards, seed=seed, epochs=epochs)
             node.reset(None)
             upcoming.append(node.ahead())
-        units.first = FirstFetches(handles=handles if isinstance(handles, dict) else dict(enumerate(handles)),
-                                   forks=forks)
-        units.first.add(_first_items(units, column, upcoming, min(FIRST_BYTES, budget), units.first))
+        units.first = FirstFetches(handles=handles, forks=forks)
+        units.first.add(_first_items(units, of, upcoming, min(FIRST_BYTES, budget), units.first))
         return units.first
     except Exception:  # noqa: BLE001 - only an early start: the workers fetch what is not here
         log.debug("no first fetches", exc_info=True)
         return None
     finally:
         if getattr(units, "first", None) is None:
-            _close_all(list(handles.values()) if isinstance(handles, dict) else handles)
+            _close_all(list(handles.values()))
 
 
 def fetch_first_from(units: Any, column: str, upcoming: Sequence[Iterator[WorkSlice]],
@@ -275,12 +276,13 @@ def fetch_first_from(units: Any, column: str, upcoming: Sequence[Iterator[WorkSl
     rule, with the handles it kept (none left: nothing, the workers fetch their own). How many units
     are new (the rest was fetched already, or is over the budget)."""
     first = getattr(units, "first", None)
-    if first is None or first.handles is None or unit_ranges(units, column) is None:
+    of = unit_ranges(units, column)
+    if first is None or first.handles is None or of is None:
         return 0
     budget = budget_for({id(f.fs): f.fs for f in units.files}.values(), readahead)
     if not budget:
         return 0
-    return first.add(_first_items(units, column, upcoming, min(FIRST_BYTES, budget), first))
+    return first.add(_first_items(units, of, upcoming, min(FIRST_BYTES, budget), first))
 
 
 def unit_ranges(units: Any, column: str) -> Optional[Callable[[int], Tuple[Key, Callable[[], List[Tuple[int, int]]]]]]:
@@ -313,13 +315,13 @@ def _line_parts(units: Any, u: int) -> List[Tuple[int, int]]:
     return [(off, min(part, end - off)) for off in range(start, end, part)]
 
 
-def _first_items(units: Any, column: str, upcoming: Sequence[Iterator[WorkSlice]], cap: int,
-                 first: FirstFetches) -> List[tuple]:
+def _first_items(units: Any, of: Callable[[int], Tuple[Key, Callable[[], List[Tuple[int, int]]]]],
+                 upcoming: Sequence[Iterator[WorkSlice]], cap: int, first: FirstFetches) -> List[tuple]:
     """The items (`FirstFetches`) of the shards whose slices to come are ``upcoming``: round-robin, each
     shard's next unit in turn, until it has `FIRST_SHARD_BYTES` or has looked at `DEPTH` units; a unit
     ``first`` holds already counts for its shard and is not fetched again; a unit of a file with no
-    handle (a compressed file, a JSON array) is left to the worker; new bytes stay within ``cap``."""
-    of = unit_ranges(units, column)
+    handle (a compressed file, a JSON array) is left to the worker; new bytes stay within ``cap``. ``of``
+    is `unit_ranges`' unit -> (key, ranges())."""
     handles = first.handles or {}
     taken = [0] * len(upcoming)
     looked = [0] * len(upcoming)
