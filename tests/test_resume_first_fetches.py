@@ -267,3 +267,26 @@ def test_remote_sources_with_first_fetches_resume_exactly(s3, creds, tok_path, m
     sources = {fmt: _uri(s3, f"{BUCKET}/many/*.{fmt}") for fmt in ("parquet", "jsonl", "txt")}
     args = dict(ARGS, num_workers=workers, text_mode={"parquet": "file", "jsonl": "file", "txt": "paragraphs"})
     check_loader_resume(lambda: pretrain(sources, tokenizer=tok_path, **args), steps=[1, 6], total=10)
+
+
+def test_a_bad_remote_jsonl_file_is_named_and_no_file_is_left_open(s3, creds, monkeypatch):
+    """Listing a remote jsonl source keeps its files open for the first fetches; when one file is bad the
+    error names it (as before) and every file listing opened is closed."""
+    from tokenloom.pipes.sources.files import SourceFile, resolve_files
+    from tokenloom.pipes.sources.jsonl import list_jsonl_units
+
+    endpoint, access, secret, _, _ = s3
+    client = boto3.client("s3", endpoint_url=f"http://{endpoint}", region_name="us-east-1",
+                          aws_access_key_id=access, aws_secret_access_key=secret)
+    good = "".join(json.dumps({"text": f"doc {i}"}) + "\n" for i in range(50)).encode()
+    for name, body in (("a.jsonl", good), ("b.jsonl", b'"just a string"\n'), ("c.jsonl", good)):
+        client.put_object(Bucket=BUCKET, Key=f"bad-jsonl/{name}", Body=body)
+    opened, real = [], SourceFile.open
+    monkeypatch.setattr(SourceFile, "open", lambda self: (lambda h: (opened.append(h), h)[1])(real(self)))
+    files = resolve_files(_uri(s3, f"{BUCKET}/bad-jsonl/*.jsonl"), "jsonl")
+    with pytest.raises(ValueError, match=r"b\.jsonl"):
+        list_jsonl_units(files)
+    assert len(opened) >= 3 and all(h.closed for h in opened), "a file listing opened was left open"
+    opened.clear()
+    units = list_jsonl_units(files[:1] + files[2:])  # the good ones: kept open for the first fetches
+    assert sorted(units.handles) == [0, 1] and not any(h.closed for h in units.handles.values())
