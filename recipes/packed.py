@@ -31,12 +31,12 @@ from tokenloom.pipes.pack.bestfit import BestFitPack
 from tokenloom.pipes.pack.stats import PACK_STAT_KEYS
 from tokenloom.pipes.loader.rank_sync import RankSync, gloo_sync_from_dist
 from tokenloom.pipes.loader.wire_ring import uses_fork
-from tokenloom.pipes.sources.cache import attach_cache
+from tokenloom.pipes.sources.cache import attach_cache, start_cache_reads
 from tokenloom.pipes.sources.readers import SourcePlan, named_sources, plan_source
 from tokenloom.pipes.schedule import Weights, normalize_schedule
 from tokenloom.pipes.shard import check_shardable
 from tokenloom.pipes.sources.files import SourceSpec, shared_filesystems
-from tokenloom.pipes.sources.first_fetches import start_first_fetches
+from tokenloom.pipes.sources.first_fetches import close_listing, start_first_fetches
 
 from .packed_graph import TOKENIZED, PackedGraph, stat_keys
 from tokenloom.pipes.tokenizer import Encoder, load_encoder, resolve_special
@@ -297,14 +297,17 @@ def _plan_sources(named: Mapping[str, Any], tokenizer: Any, *, columns: Mapping[
 
 def _start_first_fetches(plans: Sequence[SourcePlan], rank: int, num_workers: int, num_shards: int, seed: int,
                          epochs: Optional[int]) -> None:
-    """Fetch the first units (row groups, jsonl line ranges) this rank's workers will read of each remote
+    """Fetch the first units (row groups, jsonl line ranges; a token cache's row groups) this rank's workers will read of each remote
     source listed with its files open, in the background from now on (`start_first_fetches`,
     first_fetches.py): they come with the workers' memory instead of two round trips after each worker
     starts, and this process lets go of them once it has forked the workers. The sharders as
     `PackedGraph` makes them."""
     workers = max(num_workers, 1)
     for plan in plans:
-        start_first_fetches(plan.units, plan.column, shards=[rank * workers + w for w in range(workers)],
+        units, column = plan.fetched()  # a token cache's files, for a plan that reads one
+        if units is not plan.units:
+            close_listing(plan.units)  # it reads no text
+        start_first_fetches(units, column, shards=[rank * workers + w for w in range(workers)],
                             num_shards=num_shards, seed=seed, epochs=epochs if len(plans) == 1 else None,
                             forks=num_workers or None)
 
@@ -377,6 +380,7 @@ def packed_loader(
     num_shards = world_size * max(num_workers, 1)
     columns = per_source("text_column" if chat is None else "messages_field", text_column, names)
     modes = per_source("text_mode", text_mode, names, what="a text mode")
+    cache_reads = start_cache_reads(cache, names) if cache is not None else {}  # beside the sources' listing
     plans, encoder = _plan_sources(named, tokenizer, columns=columns, modes=modes, manifests=manifests,
                                    require_type=str if chat is None else list)
     for plan in plans:
@@ -400,7 +404,8 @@ def packed_loader(
         raise ValueError("predict_bos=True needs a BOS token to predict; pass bos= or predict_bos=False")
     if cache is not None:
         # Same units, same positions: the configuration (what a resume must match) does not change.
-        plans = attach_cache(plans, cache, encoder, strict=cache_strict)
+        plans = attach_cache(plans, cache, encoder, strict=cache_strict, reads=cache_reads)
+        _start_first_fetches(plans, rank, num_workers, num_shards, seed, epochs)
     elif cache_strict:
         raise ValueError("cache_strict=True needs cache= (the directory `tokenloom tokenize --out` wrote)")
 

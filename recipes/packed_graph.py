@@ -86,7 +86,7 @@ class PackedGraph:
         plan) restores, as the build did from the start (`fetch_first_from`): the workers then start
         with them, not two round trips later. ``shards``: ``(context, the graph's state)`` per worker.
         How many units were added."""
-        if not any(getattr(getattr(p.units, "first", None), "handles", None) for p in self.plans):
+        if not any(getattr(getattr(p.fetched()[0], "first", None), "handles", None) for p in self.plans):
             return 0  # local files, or remote ones listed without keeping them open: nothing to fetch here
         upcoming: Dict[str, List[Any]] = {p.name: [] for p in self.plans}
         for ctx, state in shards:
@@ -95,8 +95,7 @@ class PackedGraph:
                 if reader.source in upcoming and isinstance(sharder, ShardUnits):
                     sharder.reset(None if saved is None else saved[type(reader).PARENT])
                     upcoming[reader.source].append(sharder.ahead())
-        return sum(fetch_first_from(p.units, p.column, upcoming[p.name]) for p in self.plans
-                   if upcoming[p.name])
+        return sum(fetch_first_from(*p.fetched(), upcoming[p.name]) for p in self.plans if upcoming[p.name])
 
     def __call__(self, ctx: ShardContext):
         first_epoch = ctx.round * self.epochs if self.epochs is not None else 0

@@ -34,7 +34,8 @@ from __future__ import annotations
 import logging
 import os
 import warnings
-from dataclasses import dataclass, fields
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field, fields
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
@@ -50,7 +51,9 @@ from .cache_build import build_cache  # noqa: F401  (the Python entry of `tokenl
 from .cache_format import (K_CACHE, K_CACHE_BYTES, K_DTYPE, K_KEY, K_SIZE, K_TOKENIZER, K_UNITS, UnitTexts,
                            cache_files, dtype_for, file_entry, file_units, header, header_conflict, matches, merged_files,
                            has_parts, open_root, read_chars, read_ids, read_parts, source_dir)
-from .files import OpenFiles, process_fs
+from .cache_remote import CacheRead, read_cache, ship_footers
+from .files import OpenFiles, SourceFile, process_fs
+from .first_fetches import FirstFetches
 from .readahead import RowGroupReadAhead, budget_for
 from .readers import SourcePlan
 from .text_files import CursorReader, SkipCount, UnitCursor
@@ -76,6 +79,27 @@ class UnitCache:
     file: np.ndarray
     group: np.ndarray
     dtype: str
+    #: The units' rows (the source's), for the sharders that plan the first fetches (first_fetches.py).
+    rows: Optional[np.ndarray] = None
+    #: Each cache file's footer as the build read it (a remote cache, cache_remote.py; ``b""``: not kept).
+    footers: Optional[List[bytes]] = None
+    #: The cache files as the build opened them (by index), until the first fetches used them; never pickled.
+    handles: Optional[Dict[int, Any]] = field(default=None, compare=False, repr=False)
+    #: The row groups the loader's workers read first, fetched by the process that built it.
+    first: Optional[FirstFetches] = field(default=None, compare=False, repr=False)
+
+    def __getstate__(self) -> Dict[str, Any]:
+        return {**self.__dict__, "handles": None}
+
+    @property
+    def row_group(self) -> np.ndarray:
+        """Unit ``u``'s row group in its cache file (the name first_fetches.py reads units by)."""
+        return self.group
+
+    @property
+    def files(self) -> List[SourceFile]:
+        """The cache files as `SourceFile` s (what first_fetches.py asks of a unit's file)."""
+        return [SourceFile(p, n, p, self.fs) for p, n in zip(self.paths, self.sizes)]
 
 
 @dataclass
@@ -84,6 +108,11 @@ class CachedPlan(SourcePlan):
     that is what the cache is built from, and the fallback for a unit it lacks)."""
 
     cache: Optional[UnitCache] = None
+
+    def fetched(self) -> Tuple[Any, Optional[str]]:
+        """The cache's files, every column (`SourcePlan.fetched`); a unit the cache lacks is read as text,
+        and not fetched first."""
+        return (self.cache, None) if self.cache is not None else super().fetched()
 
     def reader(self, shard: ShardUnits, *, seed: int, shuffle_rows: bool = True) -> Node[Doc]:
         if not shuffle_rows or self.cache is None:
@@ -149,7 +178,8 @@ class ReadCached(CursorReader, SkipCount, Node[Doc]):
         if self._ahead is None:
             budget = budget_for([self.cache.fs]) if hasattr(self._cursor.parent, "ahead") else 0
             self._ahead = RowGroupReadAhead(self._handle, self._upcoming, budget=budget, columns=None,
-                                            checksums=False, name=self.source) if budget else False
+                                            checksums=False, name=self.source, footers=self.cache.footers,
+                                            first=self.cache.first) if budget else False
         return self._ahead or None
 
     def _upcoming(self) -> Iterator[Optional[Tuple[int, int]]]:
@@ -258,12 +288,11 @@ def _change(name: str, old: Dict[str, Any], new: Dict[str, Any]) -> str:
     return f"{name} listed as other units now ({len(old.get(K_UNITS, []))} units then, {len(new[K_UNITS])} now)"
 
 
-def _attach_one(plan: SourcePlan, spec: str, encoder: Encoder, strict: bool) -> SourcePlan:
-    fs, root, shown = open_root(spec)
-    folder = source_dir(root, plan.name)
+def _attach_one(plan: SourcePlan, read: CacheRead, encoder: Encoder, strict: bool) -> SourcePlan:
+    fs, folder, shown = read.fs, read.folder, read.shown
     where = f"{shown}/{plan.name}"
     build = f"tokenloom tokenize {plan.name}=<its files> --tokenizer <tokenizer> --out {shown}"
-    parts = read_parts(fs, folder, where)
+    parts = read_parts(fs, folder, where, read.infos) if read.parts is None else _raised(read.parts)
     if not parts:
         if strict:
             raise ValueError(f"cache_strict=True, but {where} holds no token cache of source {plan.name!r} (no "
@@ -282,9 +311,10 @@ def _attach_one(plan: SourcePlan, spec: str, encoder: Encoder, strict: bool) -> 
         raise ValueError(f"the token cache {where} was built with {key} {value!r}, this loader reads {want[key]!r}: "
                          f"build one for these settings (`{build}`, another --out), or leave cache= out")
     entries = merged_files(parts)
-    present = cache_files(fs, folder)
+    present = cache_files(fs, folder) if read.present is None else _raised(read.present)
     n_units = len(plan.units.rows)
     file_of, group_of = np.full(n_units, -1, np.int32), np.zeros(n_units, np.int32)
+    names: List[str] = []  # the cache files, relative to the folder
     paths: List[str] = []
     sizes: List[int] = []
     changed: List[str] = []
@@ -302,6 +332,7 @@ def _attach_one(plan: SourcePlan, spec: str, encoder: Encoder, strict: bool) -> 
             continue
         file_of[units] = len(paths)
         group_of[units] = np.arange(len(units))
+        names.append(entry[K_CACHE])
         paths.append(f"{folder}/{entry[K_CACHE]}")
         sizes.append(int(entry[K_CACHE_BYTES]))
     if changed:
@@ -319,16 +350,63 @@ def _attach_one(plan: SourcePlan, spec: str, encoder: Encoder, strict: bool) -> 
         warnings.warn(f"source {plan.name!r}: {what}; they are tokenized on the fly (counted in "
                       f"loader.stats()['sources'][{plan.name!r}]['tokenized'])", stacklevel=4)
     values = {f.name: getattr(plan, f.name) for f in fields(SourcePlan)}
-    return CachedPlan(**values, cache=UnitCache(fs, where, paths, sizes, file_of, group_of, want[K_DTYPE]))
+    footers, handles = ship_footers(read, names)
+    return CachedPlan(**values, cache=UnitCache(fs, where, paths, sizes, file_of, group_of, want[K_DTYPE],
+                                                rows=plan.units.rows, footers=footers, handles=handles))
+
+
+def _raised(value: Any) -> Any:
+    if isinstance(value, Exception):
+        raise value
+    return value
+
+
+def start_cache_reads(cache: Any, names: List[str]) -> Dict[str, "Future[CacheRead]"]:
+    """Start reading the folders of a remote ``cache`` (cache_remote.py's `read_cache`), a thread per
+    source, for `attach_cache` to match later: called before the sources are listed, so the two run at
+    once. Local caches, and a ``cache=`` that is not a directory, are left to `attach_cache`."""
+    try:
+        roots = _roots(cache, names)
+    except ValueError:
+        return {}  # attach_cache says what is wrong with it, where it did before
+    remote = {n: spec for n, spec in roots.items() if "://" in spec and not spec.startswith("file://")}
+    if not remote:
+        return {}
+    pool = ThreadPoolExecutor(len(remote), thread_name_prefix="tokenloom-cache")
+    try:
+        return {n: pool.submit(read_cache, spec, n) for n, spec in remote.items()}
+    finally:
+        pool.shutdown(wait=False)
 
 
 def attach_cache(plans: List[SourcePlan], cache: CacheSpec, encoder: Encoder, *,
-                 strict: bool = False) -> List[SourcePlan]:
+                 strict: bool = False, reads: Optional[Mapping[str, "Future[CacheRead]"]] = None) -> List[SourcePlan]:
     """``plans`` with readers that take ids from ``cache`` (a directory holding one folder per
     source name, or ``{name: directory}`` for some sources), checked against the tokenizer and
-    the files; see the module docstring."""
+    the files; see the module docstring. ``reads``: the folders `start_cache_reads` is reading."""
     roots = _roots(cache, [p.name for p in plans])
-    if roots and not any(_holds(roots[n], n) for n in roots):
+    reads = reads or {}
+    got: Dict[str, CacheRead] = {}
+    try:
+        for n in roots:
+            got[n] = reads[n].result() if n in reads else read_cache(roots[n], n)
+        return _attach(plans, cache, roots, got, encoder, strict)
+    except BaseException:
+        for n in roots:  # close the files the reads opened
+            read = got.get(n)
+            if read is None and n in reads:
+                try:
+                    read = reads[n].result()
+                except BaseException:  # noqa: BLE001 - the error being raised is the one to show
+                    read = None
+            if read is not None:
+                read.close()
+        raise
+
+
+def _attach(plans: List[SourcePlan], cache: CacheSpec, roots: Dict[str, str], got: Dict[str, CacheRead],
+            encoder: Encoder, strict: bool) -> List[SourcePlan]:
+    if roots and not any(got[n].has_parts() for n in roots):
         # A cache under other source names would only warn per source and then tokenize everything.
         held = sorted({name for spec in set(roots.values()) for name in _held(spec)})
         where = ", ".join(sorted(set(roots.values())))
@@ -336,13 +414,7 @@ def attach_cache(plans: List[SourcePlan], cache: CacheSpec, encoder: Encoder, *,
                          f"(it holds {held if held else 'none at all'}): the cache keeps one folder per source name, "
                          f"so build and train with the same names (`tokenloom tokenize name=<files> ... --out "
                          f"{where}`), or leave cache= out to tokenize on the fly")
-    return [_attach_one(p, roots[p.name], encoder, strict) if p.name in roots else p for p in plans]
-
-
-def _holds(spec: str, name: str) -> bool:
-    """Whether ``spec`` holds a finished part of source ``name``'s cache (a manifest file)."""
-    fs, root, _ = open_root(spec)
-    return has_parts(fs, source_dir(root, name))
+    return [_attach_one(p, got[p.name], encoder, strict) if p.name in roots else p for p in plans]
 
 
 def _held(spec: str) -> List[str]:

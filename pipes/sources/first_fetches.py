@@ -233,7 +233,7 @@ class FirstFetches:
         self.handles, self._close_when_idle, self._owner = None, True, os.getpid()
 
 
-def start_first_fetches(units: Any, column: str, *, shards: Sequence[int], num_shards: int, seed: int,
+def start_first_fetches(units: Any, column: Optional[str], *, shards: Sequence[int], num_shards: int, seed: int,
                         epochs: Optional[int], readahead: Optional[int] = None,
                         forks: Optional[int] = None) -> Optional[FirstFetches]:
     """Start fetching, in this process, the first units ``shards`` will read of a remote source listed
@@ -269,7 +269,7 @@ def start_first_fetches(units: Any, column: str, *, shards: Sequence[int], num_s
             _close_all(list(handles.values()))
 
 
-def fetch_first_from(units: Any, column: str, upcoming: Sequence[Iterator[WorkSlice]],
+def fetch_first_from(units: Any, column: Optional[str], upcoming: Sequence[Iterator[WorkSlice]],
                      readahead: Optional[int] = None) -> int:
     """After a restore, before the workers start: fetch too the first units of the shards whose slices
     from their restored positions on are ``upcoming`` (`ShardUnits.ahead`), by `start_first_fetches`'
@@ -285,7 +285,7 @@ def fetch_first_from(units: Any, column: str, upcoming: Sequence[Iterator[WorkSl
     return first.add(_first_items(units, of, upcoming, min(FIRST_BYTES, budget), first))
 
 
-def unit_ranges(units: Any, column: str) -> Optional[Callable[[int], Tuple[Key, Callable[[], List[Tuple[int, int]]]]]]:
+def unit_ranges(units: Any, column: Optional[str]) -> Optional[Callable[[int], Tuple[Key, Callable[[], List[Tuple[int, int]]]]]]:
     """``unit -> (key, ranges())`` for the units a reader fetches ahead and takes from `FirstFetches`
     by key: a parquet row group ``(file, row group)``, its column chunks as the footer shipped with the
     units places them (`chunk_ranges`); a line unit ``(file, start)``, its byte range. None: neither."""
@@ -294,11 +294,13 @@ def unit_ranges(units: Any, column: str) -> Optional[Callable[[int], Tuple[Key, 
         if footers is None:
             return None
         metas: Dict[int, Any] = {}
+        files = units.files
+        columns = None if column is None else [column]
 
         def chunks(i: int, group: int) -> List[Tuple[int, int]]:
             if i not in metas:
                 metas[i] = pq.ParquetFile(pa.BufferReader(footers[i])).metadata
-            return chunk_ranges(metas[i], group, [column], units.files[i].size)
+            return chunk_ranges(metas[i], group, columns, files[i].size)
 
         return lambda u: ((int(units.file[u]), int(units.row_group[u])),
                           lambda: chunks(int(units.file[u]), int(units.row_group[u])))
@@ -323,6 +325,7 @@ def _first_items(units: Any, of: Callable[[int], Tuple[Key, Callable[[], List[Tu
     handle (a compressed file, a JSON array) is left to the worker; new bytes stay within ``cap``. ``of``
     is `unit_ranges`' unit -> (key, ranges())."""
     handles = first.handles or {}
+    files = units.files
     taken = [0] * len(upcoming)
     looked = [0] * len(upcoming)
     live = list(range(len(upcoming)))
@@ -350,10 +353,18 @@ def _first_items(units: Any, of: Callable[[int], Tuple[Key, Callable[[], List[Tu
                         break
                     total += n
                     taken[g] += n
-                    items.append((key, handles[key[0]], units.files[key[0]].size, ranges))
+                    items.append((key, handles[key[0]], files[key[0]].size, ranges))
             if taken[g] >= FIRST_SHARD_BYTES or looked[g] >= DEPTH:
                 live.remove(g)
     return items
+
+
+def close_listing(units: Any) -> None:
+    """Close the files listing kept open for first fetches that will not be made (``units.handles``)."""
+    listed = getattr(units, "handles", None)
+    if listed is not None:
+        units.handles = None
+        _close_all(list(listed.values()) if isinstance(listed, dict) else list(listed))
 
 
 def _close_all(handles: Sequence[Any]) -> None:

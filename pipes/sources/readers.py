@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Union
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 from ..base import Node
 from ..items import Doc
@@ -89,6 +89,11 @@ class SourcePlan:
     def fingerprint(self) -> Dict[str, Any]:
         """What a resume must match (fingerprint.py); the listed files carry the content keys."""
         return source_fingerprint(self.fmt, self.units.files)
+
+    def fetched(self) -> Tuple[Any, Optional[str]]:
+        """What this plan's readers fetch from the files, for the first fetches of a remote source
+        (first_fetches.py): the table of units, and the column (None: all of them)."""
+        return self.units, self.column
 
     def reader(self, shard: ShardUnits, *, seed: int, shuffle_rows: bool = True) -> Node[Doc]:
         """The reader of this source's documents; ``shuffle_rows=False`` reads a unit's rows in
