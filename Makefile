@@ -9,7 +9,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test fuzz bench peers clean
+.PHONY: demo test fuzz bench peers remote-peers clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +51,9 @@ $(PEERS_STAMP): pyproject.toml
 
 peers: $(PEERS_STAMP)
 	$(PEERS_BIN)/python benchmarks/peers.py $(if $(QUICK),--quick)
+
+remote-peers: $(PEERS_STAMP)
+	$(PEERS_BIN)/python benchmarks/remote_peers.py $(if $(QUICK),--quick)
 
 clean:
 	rm -rf $(VENV) $(PEERS_VENV) out .pytest_cache
