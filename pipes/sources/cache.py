@@ -26,7 +26,9 @@ BOS, instead of decoding and encoding its text. A B=8, T=2048 batch of the stdli
 then costs 0.7 ms of CPU in one process against 5.6 ms encoding on tiktoken, 14 ms on
 tokenizers (benchmarks/cache.py). A cache on remote storage (``cache="s3://..."``) is read
 ahead as parquet sources are (readahead.py): the row groups of the units a worker reads
-next are fetched in the background, within the same byte budget; the ids are the same.
+next are fetched in the background, within the same byte budget; the ids are the same. It
+also starts as one does (cache_remote.py): its folders are read while the sources are listed,
+its footers go to the workers, and the build fetches their first row groups.
 """
 
 from __future__ import annotations

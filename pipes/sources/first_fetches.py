@@ -1,4 +1,4 @@
-"""The first units of a remote source, fetched by the process that builds the loader.
+"""The first units of a remote source (or of its token cache), fetched by the process that builds the loader.
 
 A loader worker that starts from nothing opens its files (pyarrow's size lookup, one round
 trip per file and process) and fetches its first units (another) after the fork, and it
@@ -288,7 +288,8 @@ def fetch_first_from(units: Any, column: Optional[str], upcoming: Sequence[Itera
 def unit_ranges(units: Any, column: Optional[str]) -> Optional[Callable[[int], Tuple[Key, Callable[[], List[Tuple[int, int]]]]]]:
     """``unit -> (key, ranges())`` for the units a reader fetches ahead and takes from `FirstFetches`
     by key: a parquet row group ``(file, row group)``, its column chunks as the footer shipped with the
-    units places them (`chunk_ranges`); a line unit ``(file, start)``, its byte range. None: neither."""
+    units places them (`chunk_ranges`; ``column`` None: all of them, a token cache's `UnitCache`); a line
+    unit ``(file, start)``, its byte range. None: neither."""
     if getattr(units, "row_group", None) is not None:
         footers = getattr(units, "footers", None)
         if footers is None:
