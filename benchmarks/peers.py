@@ -703,27 +703,36 @@ def task_build(name: str, corpus: Dict[str, Any]) -> Dict[str, Any]:
     return r
 
 
-def task_run(name: str, corpus: Dict[str, Any], batches: int) -> Dict[str, Any]:
-    t_start = time.perf_counter()
-    _import_for(name)
-    imported = time.perf_counter() - t_start
-    ld = LOADERS[name]["cls"](_ctx(corpus))
+def timed(ld: Loader, batches: int, cpu_elsewhere: Callable[[], float] = lambda: 0.0) -> Dict[str, Any]:
+    """Build ``ld`` and take its first batch (timed: the first batch), then ``batches`` more (tokens/s,
+    and CPU seconds per million tokens of this process tree plus ``cpu_elsewhere()``'s)."""
     t0 = time.perf_counter()
     ld.build()
     it = ld.batches()
     first = next(it)
     first_s = time.perf_counter() - t0
     ld.count(first)
-    real, cpu0, t1 = 0, _tree_cpu(), time.perf_counter()
+    real, cpu0, other0, t1 = 0, _tree_cpu(), cpu_elsewhere(), time.perf_counter()
     for _ in range(batches):
         real += ld.count(next(it))
     seconds = time.perf_counter() - t1
-    cpu = _tree_cpu() - cpu0
+    cpu, other = _tree_cpu() - cpu0, cpu_elsewhere() - other0
+    return {"first_batch_s": first_s, "seconds": seconds, "tokens": real, "tokens_per_s": real / seconds,
+            "cpu_s_per_m_tokens": (cpu + other) / (real / 1e6), "cpu_elsewhere_s": other}
+
+
+def task_run(name: str, corpus: Dict[str, Any], batches: int) -> Dict[str, Any]:
+    t_start = time.perf_counter()
+    _import_for(name)
+    imported = time.perf_counter() - t_start
+    ld = LOADERS[name]["cls"](_ctx(corpus))
+    r = timed(ld, batches)
     ld.finish()
     c = ld.counts
-    return {"first_batch_s": first_s, "import_s": imported, "seconds": seconds, "tokens": real,
-            "tokens_per_s": real / seconds, "cpu_s_per_m_tokens": cpu / (real / 1e6), "engine": ld.engine, "batches_seen": c.batches, "slots": c.slots,
-            "padding": c.padding, "cropped": c.cropped, "waste": c.waste(), **ld.facts()}
+    return {"first_batch_s": r["first_batch_s"], "import_s": imported, "seconds": r["seconds"], "tokens": r["tokens"],
+            "tokens_per_s": r["tokens_per_s"], "cpu_s_per_m_tokens": r["cpu_s_per_m_tokens"], "engine": ld.engine,
+            "batches_seen": c.batches, "slots": c.slots, "padding": c.padding, "cropped": c.cropped,
+            "waste": c.waste(), **ld.facts()}
 
 
 def task_resume(name: str, corpus: Dict[str, Any], after: int = RESUME_AFTER) -> Dict[str, Any]:

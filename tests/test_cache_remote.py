@@ -16,13 +16,13 @@ from collections import Counter
 import boto3
 import pytest
 
-from tokenloom.pipes.sources import first_fetches
 from tokenloom.pipes.sources.cache import ReadCached, build_cache
 from tokenloom.pipes.sources.readahead import RowGroupReadAhead
 from tokenloom.recipes import pretrain
 
 from .resume import items_equal
 from .test_readahead import LATENCY, _load_remote_benchmark
+from .test_resume_first_fetches import record_takes
 from .test_s3 import BUCKET, _uri, creds, s3  # noqa: F401 (fixtures)
 
 ARGS = dict(seq_len=127, batch_size=4, buffer_size=16, seed=5)
@@ -62,19 +62,12 @@ def _record_the_worker(monkeypatch, events):
             with open(events, "a") as f:
                 f.write(json.dumps([kind, int(file), int(group)]) + "\n")
 
-    load, fetch, take = ReadCached._load, RowGroupReadAhead._fetch_part, first_fetches.FirstFetches.take
+    load, fetch = ReadCached._load, RowGroupReadAhead._fetch_part
     monkeypatch.setattr(ReadCached, "_load", lambda self, s: (
         record("load", self.cache.file[s.unit], self.cache.group[s.unit]), load(self, s))[1])
     monkeypatch.setattr(RowGroupReadAhead, "_fetch_part", lambda self, f, *a: (
         record("fetched", *f.key), fetch(self, f, *a))[1])
-
-    def took(self, key):
-        got = take(self, key)
-        if got is not None:
-            record("took", *key)
-        return got
-
-    monkeypatch.setattr(first_fetches.FirstFetches, "take", took)
+    record_takes(monkeypatch, record)
 
 
 @pytest.mark.parametrize("start", ["fresh", "resume"])

@@ -88,6 +88,11 @@ def _record_the_worker(monkeypatch, events):
         record("fetched", file, start), fetch_whole(self, fut, file, start, size))[1])
     monkeypatch.setattr(UnitReadAhead, "_fetch_part", lambda self, whole, file, at, off, n: (
         record("fetched", file, off - at), fetch_part(self, whole, file, at, off, n))[1])
+    record_takes(monkeypatch, record)
+
+
+def record_takes(monkeypatch, record):
+    """``record("took", *key)`` for each unit a reader takes from the building process's first fetches."""
     take = first_fetches.FirstFetches.take
 
     def took(self, key):
