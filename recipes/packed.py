@@ -31,7 +31,7 @@ from tokenloom.pipes.pack.bestfit import BestFitPack
 from tokenloom.pipes.pack.stats import PACK_STAT_KEYS
 from tokenloom.pipes.loader.rank_sync import RankSync, gloo_sync_from_dist
 from tokenloom.pipes.loader.wire_ring import uses_fork
-from tokenloom.pipes.sources.cache import attach_cache, start_cache_reads
+from tokenloom.pipes.sources.cache import attach_cache, close_cache_reads, start_cache_reads
 from tokenloom.pipes.sources.readers import SourcePlan, named_sources, plan_source
 from tokenloom.pipes.schedule import Weights, normalize_schedule
 from tokenloom.pipes.shard import check_shardable
@@ -297,11 +297,11 @@ def _plan_sources(named: Mapping[str, Any], tokenizer: Any, *, columns: Mapping[
 
 def _start_first_fetches(plans: Sequence[SourcePlan], rank: int, num_workers: int, num_shards: int, seed: int,
                          epochs: Optional[int]) -> None:
-    """Fetch the first units (row groups, jsonl line ranges; a token cache's row groups) this rank's workers will read of each remote
-    source listed with its files open, in the background from now on (`start_first_fetches`,
-    first_fetches.py): they come with the workers' memory instead of two round trips after each worker
-    starts, and this process lets go of them once it has forked the workers. The sharders as
-    `PackedGraph` makes them."""
+    """Fetch the first units (row groups, jsonl line ranges; a token cache's row groups) this rank's
+    workers will read of each remote source listed with its files open, in the background from now on
+    (`start_first_fetches`, first_fetches.py): they come with the workers' memory instead of two round
+    trips after each worker starts, and this process lets go of them once it has forked the workers.
+    The sharders as `PackedGraph` makes them."""
     workers = max(num_workers, 1)
     for plan in plans:
         units, column = plan.fetched()  # a token cache's files, for a plan that reads one
@@ -381,27 +381,31 @@ def packed_loader(
     columns = per_source("text_column" if chat is None else "messages_field", text_column, names)
     modes = per_source("text_mode", text_mode, names, what="a text mode")
     cache_reads = start_cache_reads(cache, names) if cache is not None else {}  # beside the sources' listing
-    plans, encoder = _plan_sources(named, tokenizer, columns=columns, modes=modes, manifests=manifests,
-                                   require_type=str if chat is None else list)
-    for plan in plans:
-        check_shardable(plan.total_rows, num_shards, f"source {plan.name!r}")
-    if cache is None:  # a token cache reads no text
-        _start_first_fetches(plans, rank, num_workers, num_shards, seed, epochs)
-    _warn_shared_files(plans)
+    try:  # the cache's reads open its files: closed if the build fails before it matches them
+        plans, encoder = _plan_sources(named, tokenizer, columns=columns, modes=modes, manifests=manifests,
+                                       require_type=str if chat is None else list)
+        for plan in plans:
+            check_shardable(plan.total_rows, num_shards, f"source {plan.name!r}")
+        if cache is None:  # a token cache reads no text
+            _start_first_fetches(plans, rank, num_workers, num_shards, seed, epochs)
+        _warn_shared_files(plans)
 
-    bos_id = resolve_special(encoder, bos, default_bos=chat is None)
-    eos_id = resolve_special(encoder, eos, default_bos=False)
-    if eos_id is not None and eos_id == bos_id:
-        raise ValueError(f"eos={eos!r} is the BOS (id {bos_id}): every document would be followed by two of them "
-                         "(its EOS, then the next document's BOS); leave eos= out (the BOS already marks where a "
-                         "document ends and the next begins), or pass bos= and eos= two different tokens")
-    if pad is not None:
-        pad_id = encoder.token_id(pad)
-    else:
-        pad_id = bos_id if bos_id is not None else 0
-    end_label = bos_id if predict_bos else IGNORE_INDEX
-    if end_label is None:
-        raise ValueError("predict_bos=True needs a BOS token to predict; pass bos= or predict_bos=False")
+        bos_id = resolve_special(encoder, bos, default_bos=chat is None)
+        eos_id = resolve_special(encoder, eos, default_bos=False)
+        if eos_id is not None and eos_id == bos_id:
+            raise ValueError(f"eos={eos!r} is the BOS (id {bos_id}): every document would be followed by two of them "
+                             "(its EOS, then the next document's BOS); leave eos= out (the BOS already marks where a "
+                             "document ends and the next begins), or pass bos= and eos= two different tokens")
+        if pad is not None:
+            pad_id = encoder.token_id(pad)
+        else:
+            pad_id = bos_id if bos_id is not None else 0
+        end_label = bos_id if predict_bos else IGNORE_INDEX
+        if end_label is None:
+            raise ValueError("predict_bos=True needs a BOS token to predict; pass bos= or predict_bos=False")
+    except BaseException:
+        close_cache_reads(cache_reads)
+        raise
     if cache is not None:
         # Same units, same positions: the configuration (what a resume must match) does not change.
         plans = attach_cache(plans, cache, encoder, strict=cache_strict, reads=cache_reads)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections import Counter
 
 import boto3
@@ -166,3 +167,27 @@ def test_a_remote_cache_resumes_exactly_through_the_shared_helper(slow_cache, to
     on_the_fly = [b for _, b in zip(range(10), pretrain({"web": files}, tokenizer=tok_path, **args))]
     check_loader_resume(lambda: pretrain({"web": files}, tokenizer=tok_path, cache=cache, cache_strict=True, **args),
                         steps=[1, 6], total=10, reference=on_the_fly)
+
+
+def test_a_build_that_fails_before_matching_closes_the_files_the_cache_reads_opened(slow_cache, tok_path, monkeypatch):
+    """The cache's folder is read while the sources are listed; a build that then fails (here: a source
+    with too few rows for its shards) closes the cache files that read opened, once the read ends."""
+    from tokenloom.pipes.sources import cache_remote
+
+    files, cache, _, _ = slow_cache
+    opened, closed = [], []
+    read_cache, close = cache_remote.read_cache, cache_remote.CacheRead.close
+
+    def recorded(spec, name):
+        read = read_cache(spec, name)
+        opened.extend(f.handle for f in read.footers.values() if getattr(f, "handle", None) is not None)
+        return read
+
+    monkeypatch.setattr("tokenloom.pipes.sources.cache.read_cache", recorded)
+    monkeypatch.setattr(cache_remote.CacheRead, "close", lambda self: (closed.append(self), close(self))[1])
+    with pytest.raises(ValueError, match="shard"):
+        pretrain({"web": files}, tokenizer=tok_path, cache=cache, num_workers=2, world_size=1000, rank=0, **ARGS)
+    deadline = time.monotonic() + 30
+    while not closed and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert opened and closed and all(h.closed for h in opened), (len(opened), len(closed))

@@ -381,6 +381,17 @@ def start_cache_reads(cache: Any, names: List[str]) -> Dict[str, "Future[CacheRe
         pool.shutdown(wait=False)
 
 
+def close_cache_reads(reads: Mapping[str, "Future[CacheRead]"]) -> None:
+    """Close the files `start_cache_reads`' reads opened, once each read ends (a build that failed before
+    `attach_cache` matched them)."""
+    def close(fut: "Future[CacheRead]") -> None:
+        if fut.exception() is None:
+            fut.result().close()
+
+    for fut in reads.values():
+        fut.add_done_callback(close)
+
+
 def attach_cache(plans: List[SourcePlan], cache: CacheSpec, encoder: Encoder, *,
                  strict: bool = False, reads: Optional[Mapping[str, "Future[CacheRead]"]] = None) -> List[SourcePlan]:
     """``plans`` with readers that take ids from ``cache`` (a directory holding one folder per
