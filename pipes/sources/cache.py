@@ -52,7 +52,7 @@ from ..tokenizer import Encoder
 from .cache_build import build_cache  # noqa: F401  (the Python entry of `tokenloom tokenize`)
 from .cache_format import (K_CACHE, K_CACHE_BYTES, K_DTYPE, K_KEY, K_SIZE, K_TOKENIZER, K_UNITS, UnitTexts,
                            cache_files, dtype_for, file_entry, file_units, header, header_conflict, matches, merged_files,
-                           has_parts, open_root, read_chars, read_ids, read_parts, source_dir)
+                           has_parts, open_root, read_chars, read_ids, read_parts)
 from .cache_remote import CacheRead, read_cache, ship_footers
 from .files import OpenFiles, SourceFile, process_fs
 from .first_fetches import FirstFetches

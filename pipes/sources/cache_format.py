@@ -257,6 +257,7 @@ def _read_all(fs: pafs.FileSystem, paths: List[str]) -> List[Any]:
             except Exception as e:  # noqa: BLE001 - raised in order by the caller
                 out.append(e)
         return out
+
     def one(p: str) -> Any:
         try:
             return _read(fs, p)
