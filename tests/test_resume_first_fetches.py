@@ -15,6 +15,8 @@ import json
 import os
 
 import boto3
+import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -295,3 +297,47 @@ def test_a_bad_remote_jsonl_file_is_named_and_no_file_is_left_open(s3, creds, mo
     opened.clear()
     units = list_jsonl_units(files[:1] + files[2:])  # the good ones: kept open for the first fetches
     assert sorted(units.handles) == [0, 1] and not any(h.closed for h in units.handles.values())
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "txt"])
+@pytest.mark.parametrize("kept", [True, False])  # False: over the listing's in-memory budget
+def test_a_small_remote_line_source_is_fetched_first_from_the_listing_bytes(s3, creds, many_units, monkeypatch,
+                                                                            fmt, kept):
+    """Listing read every byte of a remote jsonl or text source: within `KEEP_BYTES` it keeps them, and the
+    first fetches take their workers' first units from memory, with no request to the store (one round trip
+    and the transfer less before the first batch); over it, they fetch from the store as before. Either
+    way the bytes are the file's."""
+    from tokenloom.pipes.sources import jsonl, line_listing, listing_at_once
+    from tokenloom.pipes.sources.files import resolve_files
+
+    _jsonl_units_of_20(monkeypatch)
+    if not kept:
+        monkeypatch.setattr(listing_at_once, "KEEP_BYTES", 1000)  # less than a file
+    endpoint = s3[0]
+    bench = _load_remote_benchmark()
+    port, log = bench._free_port(), []
+    proxy = bench.slow_proxy(port, int(endpoint.split(":")[1]), 0.02, 50e6, log=log)
+    try:
+        files = resolve_files(_uri(s3, f"{BUCKET}/many/*.{fmt}").replace(endpoint, f"127.0.0.1:{port}"), fmt)
+        units = (functools.partial(jsonl.list_jsonl_units, rows_per_unit=20)(files) if fmt == "jsonl" else
+                 line_listing.list_text_units(files, mode="paragraphs", rows_per_unit=20))
+        assert units.handles and all(isinstance(h, pa.BufferReader) == kept for h in units.handles.values())
+        asked = len(log)
+        first = first_fetches.start_first_fetches(units, "text", shards=[0, 1], num_shards=2, seed=3, epochs=None)
+        assert first is not None and first.wait(30)
+        keys = list(first._chunks)
+        assert keys
+        if kept:
+            assert len(log) == asked, f"{len(log) - asked} requests to the store for units listing had read"
+        else:
+            assert len(log) > asked
+        for key in keys:
+            i, start = key
+            u = int(np.flatnonzero((units.file == i) & (units.start == start))[0])
+            _, chunks = first.take(key)
+            with open(os.path.join(many_units, os.path.basename(files[i].path)), "rb") as f:
+                data = f.read()
+            assert b"".join(d for _, d in sorted(chunks, key=lambda c: c[0])) == \
+                data[int(units.start[u]):int(units.end[u])]
+    finally:
+        proxy.shutdown()

@@ -58,7 +58,7 @@ from ..items import Doc
 from ..shard import ShardUnits, WorkSlice
 from .compressed import CompressedUnitBytes, compression_of, content_key, merge_units, open_decompressed
 from .files import SourceFile, sft_advice
-from .listing_at_once import blocks_at_once, each_file, first_byte_of, pool_for
+from .listing_at_once import KeptBytes, blocks_at_once, each_file, first_byte_of, in_memory, pool_for
 from .json_array import first_byte, scan_array, split_elements
 from .line_listing import KEEP_OPEN, MAX_UNIT_BYTES, scan_blocks, scan_file, unit_columns
 from .text_files import CursorReader, LineUnitTable, SkipCount, UnitCursor
@@ -207,16 +207,20 @@ def list_jsonl_units(files: Sequence[SourceFile], *, field: Optional[str] = "tex
             if pool is not None and not compressed:  # remote: one open, its first reads tell an array apart
                 handle, kept = f.open(), None
                 try:
-                    blocks = blocks_at_once(handle, handle.size(), pool)
+                    size = handle.size()
+                    raw: Optional[list] = [] if keep and budget.reserve(size) else None
+                    blocks = blocks_at_once(handle, size, pool, keep=raw)
                     try:
                         head, again = first_byte_of(blocks)
                         if head != b"[":
                             found, blank, first = scan_blocks(again, paragraphs=False, rows_per_unit=rows_per_unit,
                                                               max_unit_bytes=max_unit_bytes)
-                            kept = handle if keep else None  # the first fetches read its units with it
-                            return compressed, False, found, blank, first, found[-1][1] if found else 0, kept
                     finally:
                         blocks.close()  # reads in flight end before the handle closes
+                    if head != b"[":
+                        if keep:  # the first fetches read its units with it (from memory when the budget kept it)
+                            kept = handle if raw is None else in_memory(handle, raw, size)
+                        return compressed, False, found, blank, first, found[-1][1] if found else 0, kept
                 finally:
                     if kept is None:
                         handle.close()
@@ -235,6 +239,7 @@ def list_jsonl_units(files: Sequence[SourceFile], *, field: Optional[str] = "tex
 
     pool = pool_for(files)  # remote files at once, each file's blocks at once (listing_at_once.py)
     keep = pool is not None and len(files) <= KEEP_OPEN
+    budget = KeptBytes()
     results: Any = each_file(lambda f: scan(f, pool), files)
     handles: Dict[int, Any] = {}
     if keep:  # remote: every file is scanned whatever the first error, so every handle kept is seen here

@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .files import SourceFile
-from .listing_at_once import blocks_at_once, each_file, pool_for
+from .listing_at_once import KeptBytes, blocks_at_once, each_file, in_memory, pool_for
 from .text_files import ASCII_WS, TEXT_MODES, LineUnitTable
 
 #: Bytes read per step while listing; a line longer than this is joined across steps.
@@ -187,9 +187,11 @@ def list_line_units(files: Sequence[SourceFile], *, kind: str, rows_per_unit: in
     pool = pool_for(files)  # remote files at once, each file's blocks at once (listing_at_once.py)
     keep: dict = {}
     if pool is not None and len(files) <= KEEP_OPEN:  # remote: kept open for the first fetches (first_fetches.py)
+        budget = KeptBytes()
         scanned: Any = list(each_file(lambda f: _scan_kept(f, paragraphs=kind == "paragraphs",
                                                              rows_per_unit=rows_per_unit,
-                                                             max_unit_bytes=max_unit_bytes, pool=pool), files))
+                                                             max_unit_bytes=max_unit_bytes, pool=pool,
+                                                             budget=budget), files))
         keep = {i: got[1] for i, got in enumerate(scanned) if not isinstance(got, Exception)}
         scanned = [got if isinstance(got, Exception) else got[0] for got in scanned]
     else:
@@ -219,19 +221,24 @@ def list_line_units(files: Sequence[SourceFile], *, kind: str, rows_per_unit: in
 KEEP_OPEN = 1024
 
 
-def _scan_kept(f: SourceFile, *, paragraphs: bool, rows_per_unit: int, max_unit_bytes: int, pool: Any) -> tuple:
-    """`scan_file` of a remote file, read at once on ``pool``: ``(its scan, the handle, left open)``."""
+def _scan_kept(f: SourceFile, *, paragraphs: bool, rows_per_unit: int, max_unit_bytes: int, pool: Any,
+               budget: Optional[KeptBytes] = None) -> tuple:
+    """`scan_file` of a remote file, read at once on ``pool``: ``(its scan, the handle, left open)``; the
+    handle is the file's bytes in memory when ``budget`` can keep them (`KeptBytes`)."""
     try:
         handle = f.open()
     except OSError as e:
         raise ValueError(f"cannot read {f.uri or f.path}: {e}") from e
     try:
-        blocks = blocks_at_once(handle, handle.size(), pool)
+        size = handle.size()
+        raw: Optional[list] = [] if budget is not None and budget.reserve(size) else None
+        blocks = blocks_at_once(handle, size, pool, keep=raw)
         try:
-            return scan_blocks(blocks, paragraphs=paragraphs, rows_per_unit=rows_per_unit,
-                               max_unit_bytes=max_unit_bytes), handle
+            scan = scan_blocks(blocks, paragraphs=paragraphs, rows_per_unit=rows_per_unit,
+                               max_unit_bytes=max_unit_bytes)
         finally:
             blocks.close()  # reads in flight end before the handle closes
+        return scan, handle if raw is None else in_memory(handle, raw, size)
     except OSError as e:
         handle.close()
         raise ValueError(f"cannot read {f.uri or f.path}: {e}") from e

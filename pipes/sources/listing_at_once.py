@@ -74,13 +74,14 @@ def each_file(fn: Callable[[SourceFile], T], files: Sequence[SourceFile], *, nam
 
 
 def blocks_at_once(handle: Any, size: int, pool: ThreadPoolExecutor, *, block: int = BLOCK_BYTES,
-                   ahead: int = BLOCKS_AHEAD, bom: bool = True) -> Iterator[Tuple[int, bytes]]:
+                   ahead: int = BLOCKS_AHEAD, bom: bool = True, keep: Optional[list] = None
+                   ) -> Iterator[Tuple[int, bytes]]:
     """What `line_listing.read_blocks` yields, ``(dropped, block)`` up to an empty block, for a file
     of ``size`` bytes read by positional reads on ``pool``, up to ``ahead`` at once. A UTF-8 byte
     order mark at the start is dropped from the first block (unless ``bom`` is False: compressed bytes),
     and ``dropped`` is its length. A read
     shorter than asked (the file shrank since it was listed) ends the blocks there, as a sequential
-    read would."""
+    read would. ``keep``, when given, gets every block's bytes as read (the mark included)."""
     starts = iter(range(0, size, block))
     inflight: Deque[Tuple[int, "Future[bytes]"]] = deque()
 
@@ -97,6 +98,8 @@ def blocks_at_once(handle: Any, size: int, pool: ThreadPoolExecutor, *, block: i
             off, fut = inflight.popleft()
             data = fut.result()
             submit()
+            if keep is not None:
+                keep.append(data)
             dropped = 0
             if first:
                 first = False
@@ -110,6 +113,39 @@ def blocks_at_once(handle: Any, size: int, pool: ThreadPoolExecutor, *, block: i
             fut.cancel()
         wait([fut for _, fut in inflight])
     yield 0, b""
+
+
+#: Bytes of a remote line source's files (jsonl, text) its listing keeps in memory, at most: files that fit
+#: whole, in listing order of completion. The first fetches then read their workers' first units from memory
+#: (first_fetches.py), not from the store: a round trip and the transfer less before the first batch.
+KEEP_BYTES = 32 << 20
+
+
+class KeptBytes:
+    """The bytes one listing may still keep in memory (`KEEP_BYTES`), shared by its threads."""
+
+    def __init__(self, limit: Optional[int] = None):
+        self.left = KEEP_BYTES if limit is None else limit
+        self._lock = threading.Lock()
+
+    def reserve(self, n: int) -> bool:
+        """Whether a file of ``n`` bytes may be kept (its bytes are then counted)."""
+        with self._lock:
+            if n > self.left:
+                return False
+            self.left -= n
+            return True
+
+
+def in_memory(handle: Any, blocks: list, size: int) -> Any:
+    """``handle``'s file as an in-memory file (closing ``handle``) when ``blocks`` hold all its ``size``
+    bytes, else ``handle`` itself: what the first fetches read the listed units with."""
+    if sum(len(b) for b in blocks) != size:
+        return handle
+    import pyarrow as pa
+
+    handle.close()
+    return pa.BufferReader(b"".join(blocks))
 
 
 def first_byte_of(blocks: Iterator[Tuple[int, bytes]]) -> Tuple[bytes, Iterator[Tuple[int, bytes]]]:
