@@ -551,7 +551,9 @@ def markdown(out: dict, command: str) -> str:
                 "fetches the first units of its workers' shards with them, in 1 MiB parts at once (a code unit "
                 "here is a whole file of up to 3.7 MB, 0.19 s on one connection at 20 MB/s), before the fork; a "
                 "resume fetches those of its loaded positions (up to commit daf22ce the workers opened their files "
-                "and fetched their first units after the fork: two round trips more). In the workers, a line "
+                "and fetched their first units after the fork: two round trips more). A source of up to 32 MiB "
+                "also keeps the bytes listing read (listing_at_once.py's KEEP_BYTES, since commit 523527c): those "
+                "first units then come from memory, not the store, a round trip and the transfer less. In the workers, a line "
                 "reader's fetches start at its reset, so the units that follow come at once. Read-ahead is "
                 "unit_readahead.py; `tokenloom index` covers parquet only. To start a remote corpus fastest, keep "
                 "it in parquet or build a token cache (parquet too).")

@@ -20,6 +20,12 @@ The trade-off is memory: a file being listed holds at most ``BLOCKS_AHEAD`` x
 ``BLOCK_BYTES`` (8 MiB, as one sequential ``CHUNK_BYTES`` block did) and up to
 ``LIST_THREADS`` files are listed at once, so a listing holds up to 256 MiB, on a remote
 source of 32 files of 8 MiB or more; the reads share the process's ``LIST_THREADS`` threads (`read_pool`). Figures are in benchmarks/RESULTS.md ``remote-jsonl``.
+
+A listing that keeps its files for the first fetches (line_listing.py, jsonl.py) also keeps the
+bytes it read of whole files, up to ``KEEP_BYTES`` (32 MiB) a source (`KeptBytes`, `in_memory`):
+the process that builds the loader then reads its workers' first units from memory rather than
+fetch them again, a round trip and the transfer less before the first batch. Those bytes are held
+until the workers have forked, as the fetched units would have been.
 """
 
 from __future__ import annotations
