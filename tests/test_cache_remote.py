@@ -17,13 +17,12 @@ from collections import Counter
 import boto3
 import pytest
 
-from tokenloom.pipes.sources.cache import ReadCached, build_cache
-from tokenloom.pipes.sources.readahead import RowGroupReadAhead
+from tokenloom.pipes.sources.cache import build_cache
 from tokenloom.recipes import pretrain
 
 from .resume import items_equal
 from .test_readahead import LATENCY, _load_remote_benchmark
-from .test_resume_first_fetches import record_takes
+from .test_resume_first_fetches import _record_the_worker
 from .test_s3 import BUCKET, _uri, creds, s3  # noqa: F401 (fixtures)
 
 ARGS = dict(seq_len=127, batch_size=4, buffer_size=16, seed=5)
@@ -51,24 +50,6 @@ def slow_cache(s3, creds, tok_path):
         proxy.shutdown()
         for obj in client.list_objects_v2(Bucket=BUCKET, Prefix="cache-remote/").get("Contents", []):
             client.delete_object(Bucket=BUCKET, Key=obj["Key"])
-
-
-def _record_the_worker(monkeypatch, events):
-    """What a forked worker does, into ``events``: the cached units it loads (``load``), takes from the
-    building process's first fetches (``took``) and fetches itself (``fetched``), as (cache file, row group)."""
-    parent = os.getpid()
-
-    def record(kind, file, group):
-        if os.getpid() != parent:
-            with open(events, "a") as f:
-                f.write(json.dumps([kind, int(file), int(group)]) + "\n")
-
-    load, fetch = ReadCached._load, RowGroupReadAhead._fetch_part
-    monkeypatch.setattr(ReadCached, "_load", lambda self, s: (
-        record("load", self.cache.file[s.unit], self.cache.group[s.unit]), load(self, s))[1])
-    monkeypatch.setattr(RowGroupReadAhead, "_fetch_part", lambda self, f, *a: (
-        record("fetched", *f.key), fetch(self, f, *a))[1])
-    record_takes(monkeypatch, record)
 
 
 @pytest.mark.parametrize("start", ["fresh", "resume"])

@@ -22,6 +22,7 @@ import pytest
 
 from tokenloom.pipes import ReadParquet
 from tokenloom.pipes.sources import first_fetches
+from tokenloom.pipes.sources.cache import ReadCached
 from tokenloom.pipes.sources.readahead import RowGroupReadAhead
 from tokenloom.pipes.sources.text_files import UnitBytes
 from tokenloom.pipes.sources.unit_readahead import UnitReadAhead
@@ -70,7 +71,8 @@ def _jsonl_units_of_20(monkeypatch):
 def _record_the_worker(monkeypatch, events):
     """Patches (inherited by a forked worker) with which the worker writes to ``events`` what it does: the
     units it loads (``load``), takes from the building process's first fetches (``took``) and fetches itself
-    (``fetched``), each as its key (parquet: file, row group; a line unit: file, start)."""
+    (``fetched``), each as its key (parquet: file, row group; a line unit: file, start; a token cache's unit:
+    cache file, row group)."""
     parent = os.getpid()
 
     def record(kind, file, at):
@@ -78,9 +80,11 @@ def _record_the_worker(monkeypatch, events):
             with open(events, "a") as f:
                 f.write(json.dumps([kind, int(file), int(at)]) + "\n")
 
-    load, fetch = ReadParquet._load, RowGroupReadAhead._fetch_part
+    load, load_cached, fetch = ReadParquet._load, ReadCached._load, RowGroupReadAhead._fetch_part
     monkeypatch.setattr(ReadParquet, "_load", lambda self, s: (
         record("load", self.units.file[s.unit], self.units.row_group[s.unit]), load(self, s))[1])
+    monkeypatch.setattr(ReadCached, "_load", lambda self, s: (
+        record("load", self.cache.file[s.unit], self.cache.group[s.unit]), load_cached(self, s))[1])
     monkeypatch.setattr(RowGroupReadAhead, "_fetch_part", lambda self, f, *a: (
         record("fetched", *f.key), fetch(self, f, *a))[1])
     read, fetch_whole, fetch_part = UnitBytes.read, UnitReadAhead._fetch, UnitReadAhead._fetch_part

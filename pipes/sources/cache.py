@@ -404,16 +404,10 @@ def attach_cache(plans: List[SourcePlan], cache: CacheSpec, encoder: Encoder, *,
         for n in roots:
             got[n] = reads[n].result() if n in reads else read_cache(roots[n], n)
         return _attach(plans, cache, roots, got, encoder, strict)
-    except BaseException:
-        for n in roots:  # close the files the reads opened
-            read = got.get(n)
-            if read is None and n in reads:
-                try:
-                    read = reads[n].result()
-                except BaseException:  # noqa: BLE001 - the error being raised is the one to show
-                    read = None
-            if read is not None:
-                read.close()
+    except BaseException:  # close the files the reads opened (those still reading, once they end)
+        for read in got.values():
+            read.close()
+        close_cache_reads({n: fut for n, fut in reads.items() if n not in got})
         raise
 
 

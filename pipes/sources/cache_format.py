@@ -249,21 +249,14 @@ def _read(fs: pafs.FileSystem, path: str) -> bytes:
 def _read_all(fs: pafs.FileSystem, paths: List[str]) -> List[Any]:
     """Each file's bytes, or the exception reading it raised, in order. On a remote store they are read
     at once: a cache built by 64 ranks has 64 manifest parts, two round trips each (an open, a read)."""
-    if len(paths) < 2 or fs.type_name == "local":
-        out: List[Any] = []
-        for p in paths:
-            try:
-                out.append(_read(fs, p))
-            except Exception as e:  # noqa: BLE001 - raised in order by the caller
-                out.append(e)
-        return out
-
     def one(p: str) -> Any:
         try:
             return _read(fs, p)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:  # noqa: BLE001 - raised in order by the caller
             return e
 
+    if len(paths) < 2 or fs.type_name == "local":
+        return [one(p) for p in paths]
     with ThreadPoolExecutor(min(LIST_THREADS, len(paths)), thread_name_prefix="tokenloom-manifests") as pool:
         return list(pool.map(one, paths))
 

@@ -40,6 +40,8 @@ from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any, Callable, Deque, Iterator, Optional, Sequence, Tuple, TypeVar
 
+import pyarrow as pa
+
 from .files import SourceFile
 
 #: Files of a remote source listed at once (each costs round trips to the store).
@@ -148,8 +150,6 @@ def in_memory(handle: Any, blocks: list, size: int) -> Any:
     bytes, else ``handle`` itself: what the first fetches read the listed units with."""
     if sum(len(b) for b in blocks) != size:
         return handle
-    import pyarrow as pa
-
     handle.close()
     return pa.BufferReader(b"".join(blocks))
 
