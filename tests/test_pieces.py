@@ -95,6 +95,34 @@ def test_pieces_come_back_whole_and_cut_only_at_row_ends(la, lb, buffer_size):
             assert pos == src[k % len(src)] - 1, f"document {doc} cut at {pos + 1} inside a row"
 
 
+@pytest.mark.parametrize("core", [pack_core._core, _packcore_py], ids=["c", "python"])
+@pytest.mark.parametrize("buffer_size", [1, 2, 3, 1000])
+def test_every_row_has_data_while_documents_come_in_pieces(buffer_size, core):
+    """Issue 34: a parked piece (a row or less of a document whose next pieces are still to come) cannot
+    be placed. It counted toward the buffer's bounds, so with every source parked the packer pulled
+    nothing and gave rows of nothing but padding for ever (buffer 1-2), and a first piece filling the
+    ramp's first row of tokens made the first row padding (any buffer)."""
+    for la, lb in [([3 * C + 5], [2 * C]), ([C + 1, 7], [4 * C]), ([5 * C], [C, 3, 2 * C + 1])]:
+        packer = with_core(mixed(la, lb, buffer_size=buffer_size), core)
+        packer.reset()
+        rows = [packer.next() for _ in range(80)]
+        for r, row in enumerate(rows):
+            assert row.seg_lens.sum() > 0, f"row {r} is nothing but padding ({la=}, {lb=}, {buffer_size=})"
+        check_rows(rows)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, 5 * C), min_size=1, max_size=6), st.lists(st.integers(1, 5 * C), min_size=1,
+                                                                        max_size=6),
+       st.lists(st.integers(1, 5 * C), min_size=1, max_size=6), st.integers(1, 4))
+def test_no_row_is_padding_alone_with_three_sources_in_pieces(la, lb, lc, buffer_size):
+    feeds = {n: Pieces(Docs(n, ls, k * B), piece=C) for k, (n, ls) in enumerate(zip("abc", (la, lb, lc)))}
+    packer = BestFitPack(Mix(feeds, weights={"a": 1, "b": 1, "c": 1}), seq_len=T, buffer_size=buffer_size)
+    packer.reset()
+    rows = [packer.next() for _ in range(40)]
+    assert all(row.seg_lens.sum() > 0 for row in rows), [int(row.seg_lens.sum()) for row in rows]
+
+
 def test_a_long_document_takes_turns_with_the_other_source():
     # b's documents alternate 100 rows and 40 tokens; a's are 30 tokens. 50/50 by tokens.
     def worst_from_row_60(packer, rows=300):
@@ -166,6 +194,13 @@ def test_bestfit_over_pieces_resumes_at_every_step(parts):
         return BestFitPack(mix, seq_len=T, buffer_size=20, max_wait=30)
 
     assert check_node_resume(build, max_steps=120) == 120
+
+
+@pytest.mark.parametrize("buffer_size", [1, 2])
+def test_a_buffer_smaller_than_the_sources_in_pieces_resumes_at_every_step(buffer_size):
+    """The slots of documents in pieces come on top of ``buffer_size`` (issue 34): a restore rebuilds them."""
+    assert check_node_resume(lambda: mixed([3 * C + 5, 9], [2 * C, 4 * C + 1], buffer_size=buffer_size),
+                             max_steps=80) == 80
 
 
 @settings(max_examples=25, deadline=None)

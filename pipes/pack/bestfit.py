@@ -177,9 +177,9 @@ class BestFitPack(Node[Row]):
         base = int(initial_state[self.BASE])
         live = [int(x) for x in initial_state[self.LIVE]]
         consumed = [int(x) for x in initial_state[self.CONSUMED]]
-        if len(live) != len(consumed) or len(live) > self.buffer_size:
+        if len(live) != len(consumed):
             raise StateError(f"BestFitPack: saved state lists {len(live)} buffered documents and {len(consumed)} "
-                             f"offsets for a buffer of {self.buffer_size}; was it saved with another buffer_size?")
+                             "offsets; the state is damaged: pass the value returned by state_dict() unchanged")
         self.parent.reset(initial_state[self.PARENT])
         self._savepoint.load(initial_state[self.ELASTIC])
         self._pulled = self._origin_from = base
@@ -284,7 +284,11 @@ class BestFitPack(Node[Row]):
         held = self._held - slots.row_taken - (self._parked_tokens() if self._open else 0)
         tokens = docs = 0
         total, since = self._tokens, self._since_ckpt
-        while not self._ended and slots.occupied < self.buffer_size and held < limit:
+        cap, C = self.buffer_size, self.row_len
+        # Documents arriving in pieces (at most one a source) count toward neither bound: a parked piece
+        # cannot be placed, so counting it would stop the refill with nothing to place (an empty row, and
+        # with every source parked, empty rows for ever). With nothing placeable the refill goes on.
+        while not self._ended and ((slots.occupied - len(self._open) < cap and held < limit) or held <= 0):
             seq = self._pulled  # the body of _pull and _add, inlined: this loop runs once per document
             if (seq % every == 0 or since >= ckpt_tokens) and (not ckpts or ckpts[-1][0] != seq):
                 ckpts.append((seq, parent.state_dict()))
@@ -319,7 +323,8 @@ class BestFitPack(Node[Row]):
                 self._docs[seq] = doc
                 self._ages.append(seq)
                 self._tok_at[seq] = total
-                held += n - used
+                if not more or n - used > C:  # else parked (core.Slots.parked)
+                    held += n - used
         self._tokens, self._since_ckpt = total, since
         self._held += tokens
         stats["tokens_in"] += tokens
@@ -417,6 +422,9 @@ class BestFitPack(Node[Row]):
         if buffered is None:
             return point.take(_NO_ROWS, [0] * (2 * nsrc))
         slots, used = buffered
+        grow = self._slots.capacity - len(self._origin)
+        if grow > 0:
+            self._origin = np.concatenate([self._origin, np.ones((grow, 6), np.int64)])
         origin = self._origin
         if self._origin_from < self._pulled:
             # One Python step per document pulled since the last state (TokenDoc fields by position:

@@ -89,11 +89,34 @@ class Slots:
     def __len__(self) -> int:
         return self.occupied
 
+    @property
+    def capacity(self) -> int:
+        """Slots allocated; `add` doubles them when all are taken."""
+        return len(self.seq)
+
+    def _grow(self) -> None:
+        # The packer's document bound does not count documents arriving in pieces (at most one per
+        # source), so the slots it needs can exceed the bound it was built with.
+        S = self.capacity
+        self.seq = np.concatenate([self.seq, np.full(S, -1, np.int64)])
+        for name in ("len", "used", "opened", "_freed"):
+            a = getattr(self, name)
+            setattr(self, name, np.concatenate([a, np.zeros(S, a.dtype)]))
+        for name in ("next", "prev"):
+            setattr(self, name, np.concatenate([getattr(self, name), np.full(S, -1, np.int32)]))
+        self.docs += [_EMPTY] * S
+        self.masks += [None] * S
+        self.owner += [-1] * S
+        self.source += [""] * S
+        self.free = list(range(2 * S - 1, S - 1, -1)) + self.free
+
     def add(self, seq: int, ids: np.ndarray, used: int = 0, mask: Optional[np.ndarray] = None,
             source: str = "", more: bool = False) -> int:
         """Stage a document; it joins the index at the next `build_row` (one C call per refill).
         ``more``: it is a piece whose document goes on in pieces still to come (`extend`); until
         then it is placed only as full rows or gap cuts, which end at a row's end."""
+        if not self.free:
+            self._grow()
         s = self.free.pop()
         self.occupied += 1
         self.docs[s] = ids
