@@ -60,8 +60,11 @@ the bound, rows take them earlier. packing.py measures both side by side.
 
 Long documents from a mixer may come in pieces (pipes/pieces.py, the recipes' default for
 ``bestfit`` with several sources): a piece is appended to the slot its document has (see
-`core`), so rows are cut as if the document had come whole, and a parked piece (a row or
-less left, the rest to come) does not count toward the buffer's token bound.
+`core`), so rows are cut as if the document had come whole. A document in pieces (at most one
+a source) counts toward neither bound while it is open, and a parked piece (a row or less left,
+the rest to come) cannot be placed; so the buffer may hold ``buffer_size`` documents plus one a
+source, and it refills whenever nothing in it can be placed. Invariant: every row before the
+stream's end holds at least one token.
 
 State (a position, never the buffer): the upstream state just before the pull
 of document number ``base`` (checkpoints every ``CHECKPOINT_EVERY`` pulls or
