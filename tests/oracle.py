@@ -242,6 +242,10 @@ class Oracle:
     # Continuations with no open piece, to be matched with the floating starts at the end: (doc, start, where).
     orphans: List[Tuple[int, int, str]] = field(default_factory=list)
     stream: Any = None
+    # Rows of nothing but padding, per rank (hop, rank): where a batch of nothing but padding came (the
+    # rank's data has ended), and how many batches ended in padding rows (a worker's data ended).
+    rank_drained: Dict[Any, str] = field(default_factory=dict)
+    worker_ends: collections.Counter = field(default_factory=collections.Counter)
 
     def __post_init__(self):
         self.seq, self.mask = self.corpus.sequences(self.eos)
@@ -256,12 +260,15 @@ class Oracle:
         if len(self.errors) < 50:
             self.errors.append(f"{where}: {msg}")
 
-    def feed(self, batch: Dict[str, torch.Tensor], where: str, stream: Any = None) -> None:
-        """``stream``: what the batch came from (a hop and rank), to place pieces that name no document."""
+    def feed(self, batch: Dict[str, torch.Tensor], where: str, stream: Any = None, workers: int = 0) -> None:
+        """``stream``: what the batch came from (a hop and rank), to place pieces that name no document;
+        ``workers``: the loader workers of that rank, each of which may end its data once."""
         self.stream = stream
         inp, lab = batch["input_ids"].numpy(), batch["labels"].numpy()
         seg, pos = batch["segment_ids"].numpy(), batch["position_ids"].numpy()
         B, T = inp.shape
+        self._padding_rows((seg != 0).any(axis=1), where, stream[:2] if isinstance(stream, tuple) else stream,
+                           workers)
         starts: List[int] = []
         longest = 0
         for b in range(B):
@@ -270,6 +277,28 @@ class Oracle:
                 starts.append(b * T + s)
                 longest = max(longest, e - s + 1)
         self._check_varlen(batch, starts, longest, B * T, where)
+
+    def _padding_rows(self, data: np.ndarray, where: str, rank: Any, workers: int) -> None:
+        """A row of nothing but padding trains on nothing: it may only fill out the batch in which a
+        worker's data ends (after that batch's rows with data, once per worker), or make up a padding
+        batch after a rank's data ended (then no data follows on that rank)."""
+        if rank in self.rank_drained:
+            if data.any():
+                self._err(where, f"data after a batch of nothing but padding ({self.rank_drained[rank]})")
+            return
+        if data.all():
+            return
+        if not data.any():
+            self.rank_drained[rank] = where
+            return
+        first = int(np.flatnonzero(~data)[0])
+        if data[first:].any():
+            self._err(where, f"row {first} is nothing but padding, before rows with data "
+                             f"(rows with data: {np.flatnonzero(data).tolist()})")
+        self.worker_ends[rank] += 1
+        if self.worker_ends[rank] > max(1, workers):
+            self._err(where, f"{self.worker_ends[rank]} batches end in rows of nothing but padding on this rank, "
+                             f"which has {workers} workers: a worker's data ends once")
 
     def _check_varlen(self, batch, starts: List[int], longest: int, total: int, where: str) -> None:
         if "cu_seqlens" not in batch:
@@ -564,11 +593,15 @@ class Hop:
 
 
 def run_chain(build, hops: Sequence[Hop], oracle: Oracle, *, roundtrip: str = "torch", seed: int = 0,
-              single_dict: bool = True) -> List[Dict[str, str]]:
+              single_dict: bool = True, limit: Optional[float] = None) -> List[Dict[str, str]]:
     """Run ``build(rank, world, workers, sync)`` loaders hop after hop, each hop loading the
     list of every state the previous hop saved (a dict, each rank its own, when the topology
     stays and ``single_dict``), and feed every batch to ``oracle`` in step order. A hop of 0
-    steps saves right after loading, without iterating. Returns the last hop's states."""
+    steps saves right after loading, without iterating. ``limit``: seconds the chain may take (a
+    rank still stepping then fails with `TimeoutError`: an epoch that never ends). Returns the last
+    hop's states."""
+    import time
+
     from tokenloom.pipes.loader.rank_sync import ThreadSync
 
     from .test_elastic import run_ranks
@@ -576,6 +609,7 @@ def run_chain(build, hops: Sequence[Hop], oracle: Oracle, *, roundtrip: str = "t
     states: Optional[List[Dict[str, str]]] = None
     prev: Optional[Hop] = None
     rng = random.Random(seed)
+    start = time.monotonic()
     for h, hop in enumerate(hops):
         sync = ThreadSync(hop.world) if hop.world > 1 else None
         loaders = []
@@ -592,10 +626,12 @@ def run_chain(build, hops: Sequence[Hop], oracle: Oracle, *, roundtrip: str = "t
         if hop.steps == 0:
             saved = [loader.state_dict() for loader in loaders]
         else:
-            runs = run_ranks(loaders, sync or ThreadSync(1), steps=hop.steps)
+            runs = run_ranks(loaders, sync or ThreadSync(1), steps=hop.steps,
+                             deadline=None if limit is None else start + limit)
             for k in range(len(runs[0].batches)):
                 for r, run in enumerate(runs):
-                    oracle.feed(run.batches[k], f"hop {h} ({hop}) rank {r} step {k}", (h, r, k % max(hop.workers, 1)))
+                    oracle.feed(run.batches[k], f"hop {h} ({hop}) rank {r} step {k}", (h, r, k % max(hop.workers, 1)),
+                                hop.workers)
             saved = [run.final for run in runs]
         states = [_roundtrip(s, roundtrip) for s in saved]
         prev = hop

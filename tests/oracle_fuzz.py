@@ -36,6 +36,10 @@ from typing import Any, Dict, List, Optional, Tuple
 from .oracle import BOS, CHAT_KINDS, IGNORE, KINDS, Oracle, make_corpus
 
 
+#: Seconds a scenario may take (the largest take ~20 s on 2 cores): past it, a failure with its seed.
+LIMIT = 180.0
+
+
 @dataclass
 class FuzzHop:
     world: int
@@ -141,6 +145,15 @@ def draw(seed: int) -> Scenario:
     sc = Scenario(seed, sources, T, rng.choice([1, 2, 4]), packing, rng.choice([4, 16, 64]), epochs, loader, hops, chat)
     if rng.random() < 0.3:  # drawn last: the scenarios of earlier seeds stay what they were
         sc.readahead, sc.part_bytes = rng.choice(["1K", "8K", "64M"]), rng.choice([64, 700, 1 << 20])
+    # Down to the smallest legal values (drawn after the above, for the same reason): a buffer of 1-3
+    # documents, rows of 2-9 tokens, sources of 1-4 documents (at least one a shard).
+    if rng.random() < 0.3:
+        sc.buffer_size = rng.choice([1, 2, 3])
+    if rng.random() < 0.1:
+        sc.seq_len = rng.choice([1, 2, 4, 8])
+    if rng.random() < 0.15:  # every shard needs a row: refused with a clear error otherwise (test_bad_input.py)
+        shards = max(h.world * max(h.workers, 1) for h in sc.hops)
+        sc.sources = {n: (kind, max(rng.randint(1, 4), shards)) for n, (kind, _) in sc.sources.items()}
     return sc
 
 
@@ -185,8 +198,10 @@ class _Prefetched:
         return self.loader.stats()
 
 
-def run_scenario(sc: Scenario, root: str) -> Dict[str, int]:
-    """Run ``sc``; raises AssertionError (the oracle's findings) or whatever the loader raised."""
+def run_scenario(sc: Scenario, root: str, *, limit: float = LIMIT) -> Dict[str, int]:
+    """Run ``sc``; raises AssertionError (the oracle's findings) or whatever the loader raised, and
+    `TimeoutError` when it runs past ``limit`` seconds (an epoch that never ends)."""
+    deadline = time.monotonic() + limit
     from tokenloom.pipes.loader.rank_sync import ThreadSync
 
     from .oracle import _roundtrip
@@ -228,11 +243,12 @@ def run_scenario(sc: Scenario, root: str) -> Dict[str, int]:
         else:
             record = hop.save == "last"
             steps = hop.save if isinstance(hop.save, int) else None
-            runs = run_ranks(loaders, sync or ThreadSync(1), steps=steps, record=record)
+            runs = run_ranks(loaders, sync or ThreadSync(1), steps=steps, record=record, deadline=deadline)
             n = len(runs[0].batches)
             for k in range(n):
                 for r, run in enumerate(runs):
-                    oracle.feed(run.batches[k], f"{where} rank {r} step {k}", (h, r, k % max(hop.workers, 1)))
+                    oracle.feed(run.batches[k], f"{where} rank {r} step {k}", (h, r, k % max(hop.workers, 1)),
+                                hop.workers)
             batches_seen += n
             saved = [run.states[n] if record else run.final for run in runs]
             runs_ended = runs[0].ended and not record  # "last": saved before the end was seen
@@ -272,12 +288,12 @@ def _readahead(sc: Scenario):
                 os.environ[k] = v
 
 
-def check_seed(seed: int) -> Dict[str, int]:
+def check_seed(seed: int, limit: float = LIMIT) -> Dict[str, int]:
     sc = draw(seed)
     root = tempfile.mkdtemp(prefix=f"oracle-fuzz-{seed}-")
     try:
         with _readahead(sc):
-            return run_scenario(sc, root)
+            return run_scenario(sc, root, limit=limit)
     except BaseException as e:
         raise AssertionError(f"scenario {sc}\nreproduce: python -m tests.oracle_fuzz --seed {seed}\n"
                              f"{type(e).__name__}: {e}") from e
@@ -296,13 +312,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--start", type=int, default=10_000, help="first seed of a batch run")
     ap.add_argument("--n", type=int, help="scenarios to run")
     ap.add_argument("--minutes", type=float, help="run scenarios until this much time has passed")
+    ap.add_argument("--limit", type=float, default=LIMIT, help="seconds a scenario may take before it fails as a hang")
     args = ap.parse_args(argv)
     import warnings
 
     warnings.filterwarnings("ignore")
     if args.seed is not None:
         print(draw(args.seed))
-        print(check_seed(args.seed))
+        print(check_seed(args.seed, args.limit))
         return 0
     deadline = time.monotonic() + 60 * (args.minutes or 1e9)
     count = args.n if args.n is not None else (1 << 62 if args.minutes else 50)
@@ -313,7 +330,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         sc = draw(seed)
         cat = category(sc)
         try:
-            check_seed(seed)
+            check_seed(seed, args.limit)
             per[cat] = per.get(cat, 0) + 1
         except AssertionError as e:
             failures.append(seed)

@@ -31,6 +31,7 @@ import collections
 import random
 import re
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
@@ -138,11 +139,15 @@ class RankRun:
 
 
 def run_ranks(loaders: List[Any], sync: ThreadSync, *, steps: Optional[int] = None, record: bool = False,
-              timeout: float = 240) -> List[RankRun]:
+              timeout: float = 240, deadline: Optional[float] = None) -> List[RankRun]:
     """Iterate every rank's loader in its own thread, in step through ``sync``, for ``steps``
-    steps or to the end of the round; with ``record``, the state and stats after every step."""
+    steps or to the end of the round; with ``record``, the state and stats after every step.
+    ``deadline`` (time.monotonic()): a rank still taking steps then fails with `TimeoutError`, so an
+    epoch that never ends is a failure, not a hang; ``timeout`` bounds the wait for the threads."""
     out: Dict[int, RankRun] = {}
     errors: Dict[int, BaseException] = {}
+    if deadline is not None:
+        timeout = min(timeout, max(deadline - time.monotonic(), 0) + 5)
 
     def drive(r: int, loader, it) -> None:
         try:
@@ -151,6 +156,9 @@ def run_ranks(loaders: List[Any], sync: ThreadSync, *, steps: Optional[int] = No
             stats = [loader.stats()] if record else []
             ended = False
             while steps is None or len(batches) < steps:
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TimeoutError(f"rank {r} still took steps at the time limit ({len(batches)} steps in this "
+                                       "hop): an epoch that never ends, or a very slow one")
                 try:
                     batches.append(next(it))
                 except StopIteration:

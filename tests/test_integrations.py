@@ -92,13 +92,18 @@ def test_hf_trainer_refuses_a_checkpoint_without_the_loader_state(corpus, tok_pa
 
 # --- PyTorch Lightning ------------------------------------------------------------------------------
 
-def test_lightning_resumes_from_a_mid_epoch_checkpoint_exactly(corpus, tok_path, tmp_path):
+@pytest.mark.parametrize("package", ["lightning", "pytorch_lightning"])
+@pytest.mark.parametrize("how", ["datamodule", "loader"])
+def test_lightning_resumes_from_a_mid_epoch_checkpoint_exactly(corpus, tok_path, tmp_path, package, how):
     """Lightning fetches a batch ahead: the loader's own state at a checkpoint resumed one batch
-    late (the uninterrupted run's step 6 came first, step 5 was never trained)."""
+    late (the uninterrupted run's step 6 came first, step 5 was never trained). Exact with
+    `TokenLoomDataModule` and, since issue 34, with the loader as the module's train_dataloader();
+    on ``lightning.pytorch`` and on the ``pytorch_lightning`` package."""
     ckpt, run, resumed = str(tmp_path / "ckpt"), str(tmp_path / "run.json"), str(tmp_path / "resumed.json")
-    _job("lightning_job.py", "run", corpus[0], tok_path, ckpt, run, str(STEPS), str(K))
-    _job("lightning_job.py", "resume", corpus[0], tok_path, ckpt, resumed, str(STEPS), str(K))
-    _check(read(run), read(resumed), "Lightning")
+    args = (corpus[0], tok_path, ckpt)
+    _job("lightning_job.py", "run", *args, run, str(STEPS), str(K), package, how)
+    _job("lightning_job.py", "resume", *args, resumed, str(STEPS), str(K), package, how)
+    _check(read(run), read(resumed), f"Lightning ({package}, {how})")
 
 
 # --- torchtitan ---------------------------------------------------------------------------------------
@@ -155,9 +160,9 @@ def test_torchtitan_adapter_resumes_through_dcp_and_elastically(tmp_path):
         oracle = Oracle(corpus, epochs=1, mode="bestfit", end_label=BOS)
         for k in range(K):
             for r in range(2):
-                oracle.feed(_titan_batch(*run[r][k]), f"before the save, rank {r} step {k}", ("old", r))
+                oracle.feed(_titan_batch(*run[r][k]), f"before the save, rank {r} step {k}", ("old", r), 2)
         after = {r: torch.load(tmp_path / f"elastic{world}_rank{r}.pt", weights_only=True) for r in range(world)}
         for k in range(len(after[0])):
             for r in range(world):
-                oracle.feed(_titan_batch(*after[r][k]), f"{world} ranks: rank {r} step {k}", ("new", r, k % 2))
+                oracle.feed(_titan_batch(*after[r][k]), f"{world} ranks: rank {r} step {k}", ("new", r, k % 2), 2)
         oracle.finish()

@@ -1,0 +1,43 @@
+"""Every legal buffer size ends its epoch and trains on data (issue 34).
+
+Several sources with ``buffer_size`` 1-3 looped for ever on rows of nothing but padding under
+``bestfit`` (documents arriving in pieces filled the buffer with slots that cannot be placed),
+and hung two ranks in their agreement on the round's end. Here every packing mode, 0 and 2
+workers, 1 and 2 ranks run a whole epoch under a time limit, read by the token-level oracle
+(tests/oracle.py): every document token delivered once, and a row of nothing but padding only
+in the batch where a worker's data ends, or as a padding batch after a rank's data ended.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from .oracle import BOS, Hop, Oracle, make_corpus, run_chain
+from .test_oracle import builder
+
+T = 32
+#: Seconds an epoch may take here (each takes 1-3 s): past it, the epoch does not end.
+LIMIT = 60
+
+
+@pytest.fixture(scope="module")
+def corpora(tmp_path_factory):
+    root = tmp_path_factory.mktemp("small_buffers")
+    specs = {2: {"a": ("parquet", 40), "b": ("jsonl", 30)},
+             3: {"a": ("jsonl_gz", 30), "b": ("json_array", 25), "c": ("parquet", 30)}}
+    return {n: make_corpus(str(root / str(n)), spec, row=T + 1, seed=n) for n, spec in specs.items()}
+
+
+@pytest.mark.parametrize("packing", ["bestfit", "flat", "bestfit-crop"])
+@pytest.mark.parametrize("buffer_size", [1, 2, 3])
+@pytest.mark.parametrize("n_sources", [2, 3])
+def test_every_buffer_size_ends_its_epoch_with_data_in_every_row(corpora, n_sources, buffer_size, packing):
+    corpus = corpora[n_sources]
+    weights = {n: 1 + i for i, n in enumerate(corpus.sources)}
+    build = builder(corpus, seq_len=T, batch_size=4, packing=packing, buffer_size=buffer_size, weights=weights,
+                    predict_bos=True)
+    for world, workers in ((1, 0), (2, 2)):
+        oracle = Oracle(corpus, epochs=1, mode=packing, end_label=BOS)
+        run_chain(build, [Hop(world, workers, None)], oracle, limit=LIMIT)
+        oracle.finish()
+        assert oracle.rows > 0
