@@ -109,3 +109,19 @@ def test_custom_graph_through_the_loader(corpus, tok_path, num_workers):
                     assert len(toks) >= 20, f"a {len(toks)}-token document passed the filter"
                     checked += 1
     assert checked > 20
+
+
+def test_a_composed_graph_resumed_with_other_workers_is_refused_naming_them(corpus, tok_path):
+    """Issue 34: a composed graph's state loaded into a loader with another ``num_workers`` failed with a
+    bare AssertionError inside torchdata; it is refused as pretrain refuses it, naming the setting."""
+    glob, _ = corpus
+    saver = TokenLoomLoader(FilteredGraph(glob, tok_path), config={"min_tokens": 20}, num_workers=2)
+    it = iter(saver)
+    for _ in range(3):
+        next(it)
+    state = saver.state_dict()
+    del it
+    for workers in (0, 1, 3):
+        other = TokenLoomLoader(FilteredGraph(glob, tok_path), config={"min_tokens": 20}, num_workers=workers)
+        with pytest.raises(ValueError, match=rf"num_workers: saved with 2, this loader has {workers}"):
+            other.load_state_dict(state)

@@ -210,6 +210,10 @@ class TokenLoomLoader(StatefulDataLoader):
             super().__init__(dataset, batch_size=None, num_workers=num_workers, collate_fn=_identity,
                              **loader_kwargs)
         self.config = dict(config)
+        # The topology is part of every graph's configuration, a recipe's or one a user composed: a state
+        # loaded on another one is refused naming it (torchdata alone fails with a bare AssertionError).
+        for key, value in (("rank", rank), ("world_size", world_size), ("num_workers", num_workers)):
+            self.config.setdefault(key, value)
         # Shared memory per worker for its batches (wire_ring.py); None: through the pipe only.
         self.ring_bytes = ring_bytes if num_workers > 0 else None
         self.stats_keys = tuple(stats_keys)
