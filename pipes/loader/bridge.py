@@ -37,6 +37,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from ..check_args import per_source_changes
 from .direct_queue import direct_context
+from .fetch_ahead import FetchAhead
 from .elastic import CARRY, OldShard, apply_carry, plan_shards, read_old_shards, trimmed, worker_trees
 from .node_dataset import GraphFactory, NodeDataset, ShardContext  # noqa: F401 (re-exported)
 from ..sources.fingerprint import check_sources
@@ -238,6 +239,8 @@ class TokenLoomLoader(StatefulDataLoader):
         # The run's history: "" from the start; an elastic resume or a change of weights derives a
         # new one from what it continued, so states of different histories are not stitched together.
         self._lineage = ""
+        # Set by iter() when a trainer's loop fetches batches ahead of its step (fetch_ahead.py).
+        self._fetch_ahead: Optional[FetchAhead] = None
 
     # --- iteration ---------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
@@ -246,6 +249,7 @@ class TokenLoomLoader(StatefulDataLoader):
         ``break`` or a peek, the current round from its start; after ``load_state_dict``,
         the loaded position. The same with and without persistent workers."""
         self._generation += 1
+        self._fetch_ahead = FetchAhead.find()
         if self._resume_padding:
             self._resume_padding = False
             return _StatsIterator(self, iter(()), padding=True)
@@ -334,7 +338,15 @@ class TokenLoomLoader(StatefulDataLoader):
     def state_dict(self) -> Dict[str, str]:
         """``{"tokenloom_rank_<rank>": <the state as JSON text>}``: one entry keyed by this
         loader's data rank, so the loader itself can go into ``torch.distributed.checkpoint``
-        (see `encode_state`). `decode_state` gives the nested dict to look at."""
+        (see `encode_state`). `decode_state` gives the nested dict to look at.
+
+        Iterated by a trainer's loop that fetches ahead of its step (Lightning's), the state is
+        the one after the batch the step is on, not after the last batch fetched (fetch_ahead.py)."""
+        if self._fetch_ahead is not None:
+            return self._fetch_ahead.state(self._encoded_state)
+        return self._encoded_state()
+
+    def _encoded_state(self) -> Dict[str, str]:
         return encode_state(self._state(), int(self.config.get("rank", 0)))
 
     def _state(self) -> Dict[str, Any]:
@@ -394,6 +406,7 @@ class TokenLoomLoader(StatefulDataLoader):
         state_dict = decode_state(state_dict)
         meta = state_dict[self.META]
         self._generation += 1
+        self._fetch_ahead = None
         self._check_meta(meta, allow_weight_change)
         inner = state_dict[self.LOADER]
         self._worker_stats = copy.deepcopy(meta[self.STATS])
@@ -482,6 +495,7 @@ class TokenLoomLoader(StatefulDataLoader):
             own = next(d for d in decoded if int(d[self.META][self.CONFIG]["rank"]) == rank)
             return self.load_state_dict(own, allow_weight_change=allow_weight_change)
         self._generation += 1
+        self._fetch_ahead = None
         self._lineage = lineage_of(*[digests[id(d)]
                                      for d in sorted(decoded, key=lambda d: int(d[self.META][self.CONFIG]["rank"]))],
                                    world, self.num_workers, self.config.get("weights"))
@@ -648,6 +662,16 @@ class _StatsIterator:
                 self._loader._iterator = None  # persistent workers: the next iter() starts fresh ones
 
     def __next__(self):
+        ahead = self._loader._fetch_ahead
+        if ahead is None:
+            return self._next()
+        if not ahead.states:
+            ahead.keep(self._loader._encoded_state())
+        batch = self._next()
+        ahead.keep(self._loader._encoded_state())
+        return batch
+
+    def _next(self):
         loader = self._loader
         if self._generation != loader._generation:
             # The loader's position now belongs to the newer iterator; going on here would

@@ -11,6 +11,6 @@ framework's own checkpoint, taken at the batch the training step last consumed.
 |---|---|---|
 | Accelerate | ``accelerator.prepare(loader)`` (kept as it is; see `accelerate`) | ``save_state``'s folder (``dl_state_dict.bin``) |
 | Hugging Face Trainer | ``TokenLoomTrainer(model, args, train_loader=loader)`` (`hf`) | ``checkpoint-N/tokenloom_loader_rank<r>.json`` |
-| PyTorch Lightning | ``trainer.fit(model, datamodule=TokenLoomDataModule(loader))`` (`lightning`) | the ``.ckpt`` (the datamodule's entry) |
+| PyTorch Lightning | ``trainer.fit(model, datamodule=TokenLoomDataModule(loader))`` (`lightning`; `pytorch_lightning` for that package), or the loader as ``train_dataloader()`` | the ``.ckpt`` (the datamodule's or the loop's entry) |
 | torchtitan | ``TitanLoader(loader, dp_rank, dp_world_size)`` (`torchtitan`) | DCP, one entry per data-parallel rank |
 """
