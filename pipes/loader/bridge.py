@@ -45,6 +45,7 @@ from .wire import DROP_KEY, STALE_KEY, STALE_MESSAGE, STATS_KEY, WireBatch, publ
 from .snapshot import keep_snapshots_flat, nested_snapshot
 from .wire_ring import make_rings, uses_fork
 from .worker_memory import settle_worker_malloc
+from .worker_start import WORKER_START
 from .worker_threads import single_thread_tokenizers
 
 #: Bumped whenever the layout of a saved state changes incompatibly.
@@ -270,7 +271,10 @@ class TokenLoomLoader(StatefulDataLoader):
             import numpy.random  # noqa: F401
         self.dataset.armed = True
         try:
-            return keep_snapshots_flat(super()._get_iterator())
+            if self.num_workers == 0:
+                return keep_snapshots_flat(super()._get_iterator())
+            with WORKER_START:
+                return keep_snapshots_flat(super()._get_iterator())
         finally:
             if self.num_workers > 0:
                 self.dataset.armed = False  # its workers are forked: later forks are not tokenloom's
