@@ -83,9 +83,19 @@ def test_the_loop_gets_the_same_tensors_with_and_without_workers(corpus, tok_pat
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="pinning needs an accelerator")
-def test_pin_memory_pins_in_the_pin_thread():
-    got = WireBatch({"x": torch.ones(4)}).pin_memory()
-    assert got["x"].is_pinned()
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_every_tensor_of_a_batch_is_pinned_with_pin_memory(corpus, tok_path, num_workers):
+    """What users rely on with ``pin_memory=True``: each tensor of every batch the loop gets is in
+    pinned memory, so the copy to the GPU can run asynchronously (issue 34: the test before this one
+    called a method batches no longer have, and only a GPU machine ran it)."""
+    from tokenloom.recipes import pretrain
+
+    loader = pretrain(corpus[0], tokenizer=tok_path, seq_len=64, batch_size=4, num_workers=num_workers,
+                      pin_memory=True)
+    for _, batch in zip(range(4), loader):
+        assert type(batch) is dict
+        unpinned = [k for k, v in batch.items() if isinstance(v, torch.Tensor) and not v.is_pinned()]
+        assert not unpinned, f"not pinned: {unpinned}"
 
 
 def _batch(seed: int, rows: int = 4, width: int = 64):
