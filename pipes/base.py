@@ -32,6 +32,8 @@ from typing import Any, Dict, Mapping, Optional, Tuple, TypeVar
 
 from torchdata.nodes import BaseNode
 
+from .roles import OTHER
+
 T = TypeVar("T")
 
 
@@ -63,10 +65,16 @@ def check_state_keys(node: object, state: Mapping[str, Any], keys: Tuple[str, ..
 
 
 class Node(BaseNode[T]):
-    """Base class of tokenloom nodes: see the module docstring for the contract."""
+    """Base class of tokenloom nodes: see the module docstring for the contract.
+
+    ``Node.__init__(*parents)``: the nodes this one pulls from, in order (none for a source); they
+    are the graph's edges (`parents`, walked by pipes/graph.py). ``ROLE`` (pipes/roles.py) says what
+    the node is to the walkers; a node of the user's that declares none is walked through."""
 
     #: The keys of this node's state; subclasses must declare them.
     STATE_KEYS: Tuple[str, ...] = ()
+    #: What this node is in a graph (pipes/roles.py): a reader, a branch, a packer, ...
+    ROLE: str = OTHER
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -75,8 +83,22 @@ class Node(BaseNode[T]):
         if "get_state" in cls.__dict__:
             cls.get_state = _checked_get_state(cls.__dict__["get_state"])  # type: ignore[method-assign]
 
-    def __init__(self) -> None:
+    def __init__(self, *parents: Any) -> None:
         super().__init__()
+        for p in parents:
+            if not isinstance(p, BaseNode):
+                raise TypeError(f"{_describe(self)}: a parent must be a node (a torchdata BaseNode), got "
+                                f"{type(p).__name__}")
+        key = getattr(type(self), "PARENT", None)
+        if not parents and key is not None and key in type(self).STATE_KEYS:
+            raise TypeError(f"{_describe(self)} nests its parent's state under {key!r} but declared no parent: pass it "
+                            "to the base class, super().__init__(parent), so the graph can be walked (pipes/graph.py)")
+        self._parents: Tuple[Any, ...] = tuple(parents)
+
+    @property
+    def parents(self) -> Tuple[Any, ...]:
+        """The nodes this node pulls from, as declared at construction, in order."""
+        return self._parents
 
     def reset(self, initial_state: Optional[Dict[str, Any]] = None) -> None:  # noqa: D401
         BaseNode.reset(self, initial_state)

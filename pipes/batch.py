@@ -44,6 +44,7 @@ import torch
 
 from .base import Node
 from .items import Row
+from .roles import BATCH
 from .schedule import StepClock
 
 IGNORE_INDEX = -100
@@ -127,6 +128,7 @@ class Batch(Node[Dict[str, torch.Tensor]]):
     (``counts()``: what the training loop will see), and advances a `StepClock`
     when one is shared with a mixer's weights schedule; both are part of its state.
     """
+    ROLE = BATCH
 
     PARENT = "parent"
     COUNTS = "counts"
@@ -135,7 +137,7 @@ class Batch(Node[Dict[str, torch.Tensor]]):
 
     def __init__(self, parent: Node[Row], *, batch_size: int, seq_len: int, pad_id: int = 0,
                  sources: Sequence[str] = (), clock: Optional[StepClock] = None, end_label: Optional[int] = None):
-        super().__init__()
+        super().__init__(parent)
         if batch_size < 1:
             raise ValueError(f"{batch_size=} must be >= 1")
         self.parent, self.batch_size, self.seq_len, self.pad_id = parent, batch_size, seq_len, pad_id

@@ -36,8 +36,10 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from .base import Node
+from .graph import Branch
 from .items import BatchInFlight, Doc, TokenDoc
 from .chat_template import ChatError, JinjaTemplate, encode_markup
+from .roles import BRANCH
 from .tokenizer import Encoder, _chat_template_text, _load_directory, _token_text  # a directory's reading rules
 
 log = logging.getLogger(__name__)
@@ -210,7 +212,8 @@ def _check_messages(messages: Any, roles: Optional[Mapping[str, Any]], where: st
     return out
 
 
-class RenderChat(BatchInFlight, Node[TokenDoc]):
+class RenderChat(BatchInFlight, Branch, Node[TokenDoc]):
+    ROLE = BRANCH
     PARENT = "parent"
     EMITTED = "emitted"
     COUNTS = "counts"
@@ -222,7 +225,7 @@ class RenderChat(BatchInFlight, Node[TokenDoc]):
                  template: Union[ChatTemplate, JinjaTemplate, Callable, None] = None,
                  max_tokens: Optional[int] = None, long: str = "truncate", batch_docs: int = 32,
                  where: Callable[[Doc], str] = lambda d: f"source {d.source!r}, unit {d.unit}, row {d.row}"):
-        super().__init__()
+        super().__init__(parent)
         if long not in LONG_POLICIES:
             raise ValueError(f"{long=} is not one of {LONG_POLICIES}")
         self.parent, self.encoder, self.max_tokens, self.long = parent, encoder, max_tokens, long
@@ -232,12 +235,6 @@ class RenderChat(BatchInFlight, Node[TokenDoc]):
         self._custom = None if templated else template
         self._tpl = template.resolve(encoder) if templated else None
         self._batch_state: Optional[Dict[str, Any]] = None
-        self._out: List[TokenDoc] = []
-        self._emitted = 0
-        self._skip = 0
-        self._untouched = False  # restored from a state and not read since (savepoint.py)
-        self._origins: Optional[np.ndarray] = None  # in_flight_origins of the batch _origins_of
-        self._origins_of: Optional[list] = None
         self._counts = dict.fromkeys(self.COUNT_KEYS, 0)
         self._warned = False
 
@@ -335,3 +332,18 @@ class RenderChat(BatchInFlight, Node[TokenDoc]):
 
     def counts(self) -> Dict[str, int]:
         return dict(self._counts)
+
+    # --- the branch protocol (pipes/graph.py): what an elastic resume carries -----------------
+    COUNTERS = "chat"
+
+    def counters(self) -> Dict[str, int]:
+        return self.counts()
+
+    def counters_as_ints(self) -> List[int]:
+        return [int(self._counts[k]) for k in self.COUNT_KEYS]
+
+    def counters_from_ints(self, ints: Sequence[int]) -> Dict[str, int]:
+        return dict(zip(self.COUNT_KEYS, map(int, ints)))
+
+    def carry(self, counters: Dict[str, int]) -> None:
+        self.carry_counts(counters)

@@ -74,10 +74,25 @@ class Row(NamedTuple):
 
 
 class BatchInFlight:
-    """What a node that hands on a batch document by document (`Tokenize`, `RenderChat`) tells an
-    elastic resume of the documents it read but has not handed on. The node keeps the batch in
-    ``_out``, the count handed on in ``_emitted``, a restore's pending batch in ``_skip`` (re-read by
-    ``_fill``), ``_untouched`` and the ``_origins``/``_origins_of`` cache."""
+    """A node that hands on a batch document by document (`Tokenize`, `RenderChat`): the batch and
+    what it tells an elastic resume of the documents it read but has not handed on.
+
+    It owns the batch's bookkeeping, which the node's ``_fill`` (re-)reads a batch into: ``_out``
+    the batch, ``_emitted`` the documents of it handed on, ``_skip`` those a restore must hand on
+    again before new ones (``_fill`` re-reads them), ``_untouched`` (restored and not read since),
+    and the ``_origins``/``_origins_of`` cache of `in_flight_origins`."""
+
+    def __init__(self, *parents: Any) -> None:
+        super().__init__(*parents)
+        self._out: list = []
+        self._emitted = 0
+        self._skip = 0
+        self._untouched = False  # restored from a state and not read since (savepoint.py)
+        self._origins: Optional[np.ndarray] = None  # in_flight_origins of the batch _origins_of
+        self._origins_of: Optional[list] = None
+
+    def _fill(self) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError(f"{type(self).__name__} must implement _fill(): read the next batch into _out")
 
     def in_flight(self) -> list:
         """Documents read but not handed on; re-reads the batch a restore left pending, so the reader

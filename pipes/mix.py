@@ -41,6 +41,7 @@ import numpy as np
 
 from .base import Node
 from .items import TokenDoc
+from .roles import MIX
 from .schedule import StepClock, Weights, normalize_schedule
 from .shard import rng_for
 
@@ -54,6 +55,7 @@ PRIOR_TOKENS = 256.0
 
 
 class Mix(Node[TokenDoc]):
+    ROLE = MIX
     CHILDREN = "children"
     TOKENS = "tokens"
     DOCUMENTS = "documents"
@@ -72,7 +74,7 @@ class Mix(Node[TokenDoc]):
                  cycle_exhausted: bool = True, passes: int = 1, first_epoch: int = 0,
                  pattern: Optional[Sequence[str]] = None, burst: int = 1, seed: int = 0, shard: int = 0,
                  clock: Optional[StepClock] = None):
-        super().__init__()
+        super().__init__(*children.values())
         if not children:
             raise ValueError("Mix needs at least one source")
         for name, value, allowed in (("strategy", strategy, STRATEGIES), ("stop", stop, STOPS), ("unit", unit, UNITS)):

@@ -36,19 +36,21 @@ import numpy as np
 
 from .base import Node, StateError
 from .items import TokenDoc, origin_rows
+from .roles import PIECES
 
 #: ``picked`` of a save point row (pack/savepoint.py) for the rest of a document held here.
 HELD = 2
 
 
 class Pieces(Node[TokenDoc]):
+    ROLE = PIECES
     PARENT = "parent"
     OFFSET = "offset"  # tokens of the held document handed out (its next piece's start); 0: none held
     ORIGIN = "origin"  # [epoch, unit, pos] of the held document; [] when none is held
     STATE_KEYS = (PARENT, OFFSET, ORIGIN)
 
     def __init__(self, parent: Node[TokenDoc], *, piece: int):
-        super().__init__()
+        super().__init__(parent)
         if piece < 1:
             raise ValueError(f"{piece=} must be >= 1 (tokens per piece; the recipes use seq_len + 1)")
         self.parent, self.piece = parent, int(piece)

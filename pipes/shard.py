@@ -30,6 +30,7 @@ from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Sequence
 import numpy as np
 
 from .base import Node
+from .roles import SHARD
 
 # Tags keep the random streams of different purposes apart for the same seed.
 UNIT_ORDER_TAG = 0x5A1
@@ -171,6 +172,7 @@ class ShardUnits(Node[WorkSlice]):
     then plans normally from ``resume_epoch`` on. ``PREFIX`` counts the prefix slices
     emitted.
     """
+    ROLE = SHARD
 
     EPOCH = "epoch"
     INDEX = "index"

@@ -26,7 +26,7 @@ class WithStats(Node[Dict[str, Any]]):
     STATE_KEYS = (PARENT,)
 
     def __init__(self, parent: Node, *, counters: Callable[[], Sequence[int]], keys: Sequence[str], worker: int):
-        super().__init__()
+        super().__init__(parent)
         self.parent, self.counters, self.keys, self.worker = parent, counters, tuple(keys), worker
 
     def reset(self, initial_state: Optional[Dict[str, Any]] = None) -> None:

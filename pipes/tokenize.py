@@ -37,7 +37,9 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 
 from .base import Node
+from .graph import Branch
 from .items import BatchInFlight, Doc, TokenDoc
+from .roles import BRANCH
 from .tokenizer import Encoder
 
 
@@ -54,7 +56,8 @@ class Pretokenized:
         return self.chars
 
 
-class Tokenize(BatchInFlight, Node[TokenDoc]):
+class Tokenize(BatchInFlight, Branch, Node[TokenDoc]):
+    ROLE = BRANCH
     PARENT = "parent"
     EMITTED = "emitted"
     ENCODED = "encoded"
@@ -62,18 +65,12 @@ class Tokenize(BatchInFlight, Node[TokenDoc]):
 
     def __init__(self, parent: Node[Doc], encoder: Encoder, *, bos: Optional[int], eos: Optional[int] = None,
                  batch_docs: int = 64, batch_chars: int = 32_768):
-        super().__init__()
+        super().__init__(parent)
         if batch_docs < 1 or batch_chars < 1:
             raise ValueError(f"{batch_docs=} and {batch_chars=} must be >= 1")
         self.parent, self.encoder, self.bos, self.eos, self.batch_docs = parent, encoder, bos, eos, batch_docs
         self.batch_chars = batch_chars
         self._batch_state: Optional[Dict[str, Any]] = None
-        self._out: List[TokenDoc] = []
-        self._emitted = 0
-        self._skip = 0
-        self._untouched = False  # restored from a state and not read since (savepoint.py)
-        self._origins: Optional[np.ndarray] = None  # in_flight_origins of the batch _origins_of
-        self._origins_of: Optional[list] = None
         self._encoded = 0  # documents encoded from text so far
         self._encoded_before = 0  # ... before the current batch
 
@@ -154,6 +151,21 @@ class Tokenize(BatchInFlight, Node[TokenDoc]):
     def carry_encoded(self, encoded: int) -> None:
         """Continue the encoded count of an elastic resume (elastic.py)."""
         self._encoded = self._encoded_before = int(encoded)
+
+    # --- the branch protocol (pipes/graph.py): what an elastic resume carries -----------------
+    COUNTERS = "encoded"
+
+    def counters(self) -> int:
+        return self._encoded
+
+    def counters_as_ints(self) -> List[int]:
+        return [int(self._encoded)]
+
+    def counters_from_ints(self, ints: List[int]) -> int:
+        return int(ints[0])
+
+    def carry(self, counters: int) -> None:
+        self.carry_encoded(counters)
 
     def state_before_last(self) -> Dict[str, Any]:
         """The state as if the last document handed on had not been: its batch's start and one fewer

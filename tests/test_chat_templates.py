@@ -23,6 +23,7 @@ import torch
 from tokenloom.cli import main
 from tokenloom.pipes.chat import ChatError, RenderChat, choose_template
 from tokenloom.pipes.chat_template import JinjaTemplate
+from tokenloom.pipes.sources.memory import FromList
 from tokenloom.pipes.tokenizer import load_encoder
 from tokenloom.recipes import ChatTemplate, pretrain, sft
 from tokenloom.sample_data import default_tokenizer_path
@@ -147,7 +148,7 @@ def test_each_conversation_trains_exactly_its_answers(chats, tokenizers, name):
     end, kwargs = CASES[name]
     enc = load_encoder(tokenizers[name])
     template = choose_template(None, enc, kwargs.get("bos"))
-    node = RenderChat(None, enc, template=template)
+    node = RenderChat(FromList([]), enc, template=template)  # no parent is read: _render_default alone
     convs = [r["messages"] for r in records[:30]]
     for conv, (ids, mask) in zip(convs, node._render_default([_Doc(c) for c in convs])):
         answers = [m["content"] for m in conv if m["role"] == "assistant"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import pytest
 
 from tokenloom.pipes import (Batch, BestFitPack, Node, ReadParquet, ShardContext, ShardUnits, Tokenize,
@@ -25,7 +26,7 @@ class LengthFilter(Node):
     STATE_KEYS = (PARENT, DROPPED)
 
     def __init__(self, parent, min_tokens: int):
-        super().__init__()
+        super().__init__(parent)  # its parents: the graph's edges (pipes/graph.py)
         self.parent, self.min_tokens = parent, min_tokens
         self.dropped = 0
 
@@ -125,3 +126,39 @@ def test_a_composed_graph_resumed_with_other_workers_is_refused_naming_them(corp
         other = TokenLoomLoader(FilteredGraph(glob, tok_path), config={"min_tokens": 20}, num_workers=workers)
         with pytest.raises(ValueError, match=rf"num_workers: saved with 2, this loader has {workers}"):
             other.load_state_dict(state)
+
+
+def test_a_composed_graph_is_walked_through_its_declared_parents(corpus, tok_path):
+    """Issue 35: the graph's shape is declared (parents, roles), so a user's node and a torchdata node
+    in the middle hide nothing from the walkers: the packer's save point finds the reader, its
+    sharder and its branch through them, as in a recipe's graph."""
+    from torchdata.nodes import Mapper
+
+    from tokenloom.pipes.graph import BATCH, BRANCH, OTHER, PACKER, READER, SHARD, role_of, walk
+
+    glob, _ = corpus
+    units = list_parquet_units(resolve_files(glob), "text")
+    sharder = ShardUnits(units.rows, shard=0, num_shards=1, seed=1, epochs=1)
+    reader = ReadParquet(sharder, units, seed=1)
+    branch = Tokenize(reader, load_encoder(tok_path), bos=0)
+    mapped = Mapper(LengthFilter(branch, 20), lambda doc: doc)
+    packer = BestFitPack(mapped, seq_len=127, buffer_size=30)
+    root = Batch(packer, batch_size=2, seq_len=127)
+    assert [role_of(n) for n in walk(root)] == [BATCH, PACKER, OTHER, OTHER, BRANCH, READER, SHARD]
+    root.reset()
+    next(root)
+    point = root.state_dict()[Batch.PARENT][BestFitPack.ELASTIC]
+    assert list(point["sources"]) == [reader.source], "the save point did not find the reader past the user's nodes"
+
+
+def test_a_node_that_nests_its_parent_but_declares_none_is_told_how():
+    class Undeclared(Node):
+        PARENT = "parent"
+        STATE_KEYS = (PARENT,)
+
+        def __init__(self, parent):
+            super().__init__()
+            self.parent = parent
+
+    with pytest.raises(TypeError, match=r"declared no parent: pass it to the base class, super\(\).__init__\(parent\)"):
+        Undeclared(ShardUnits(np.ones(3, np.int64), shard=0, num_shards=1, seed=0))

@@ -402,7 +402,7 @@ def test_an_elastic_resume_carries_the_mixers_totals_at_the_save(ids_corpus):
     were read there: short by the window, then short again by the buffered documents, so a
     source's carried tokens went negative (a division by zero at the new mixer's next pick)."""
     from tokenloom.pipes.loader.bridge import decode_state
-    from tokenloom.pipes.loader.elastic import _nodes
+    from tokenloom.pipes.graph import MIX, PACKER, role_of, walk
 
     build = make_builder(ids_corpus, mix="random", buffer_size=64)
     runs = old_run(build, 2, 0, steps=9)
@@ -414,8 +414,8 @@ def test_an_elastic_resume_carries_the_mixers_totals_at_the_save(ids_corpus):
         resumed.load_state_dict(runs[r].final)
         root = resumed.dataset
         it = iter(resumed)
-        mix = next(n for n in _nodes(root._root) if type(n).__name__ == "Mix")
-        packer = next(n for n in _nodes(root._root) if type(n).__name__ == "BestFitPack")
+        mix = next(n for n in walk(root._root) if role_of(n) == MIX)
+        packer = next(n for n in walk(root._root) if role_of(n) == PACKER)
         packer._replay()
         assert old.counters["mix"]["tokens"] == mix.get_state_counters()["tokens"], f"rank {r}"
         assert min(old.counters["mix"]["tokens"]) > 0

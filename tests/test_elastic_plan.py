@@ -23,9 +23,9 @@ import pytest
 
 from tokenloom.pipes.loader import decode_state
 from tokenloom.pipes.loader.bridge import ShardContext
-from tokenloom.pipes.loader.elastic import (CARRY, PREFIX, RESUME_EPOCH, ROUND, SOURCES, STEP, _kind, _merge, _nodes,
-                                            _share_of, _split, apply_carry, counters_of, pack_slices, plan_shards,
-                                            worker_trees)
+from tokenloom.pipes.graph import role_of as _kind, walk as _nodes
+from tokenloom.pipes.loader.elastic import (CARRY, PREFIX, RESUME_EPOCH, ROUND, SOURCES, STEP, _merge, _share_of,
+                                            _split, apply_carry, counters_of, pack_slices, plan_shards, worker_trees)
 from tokenloom.pipes.shard import WorkSlice
 from tokenloom.recipes import sft
 

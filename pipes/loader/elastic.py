@@ -66,8 +66,8 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from ..batch import Batch
-from ..chat import RenderChat
-from ..pack.savepoint import SOURCE_FIELDS, SavePoint, kind_of, nodes_of, unpack_docs
+from ..graph import BATCH, BRANCH, MIX, PACKER, READER, parents_of, role_of, walk
+from ..pack.savepoint import SOURCE_FIELDS, SavePoint, unpack_docs
 from ..shard import EpochPlans, ShardUnits, WorkSlice, unread_after
 
 _NO_DOCS = np.zeros((0, 6), np.int64)
@@ -92,27 +92,25 @@ def _dataset_state(holder: Mapping[str, Any]) -> Any:
     return fetcher.get("dataset_iter_state") or holder.get("dataset_state")
 
 
-#: Kept under their former names (tests walk graphs with them).
-_nodes, _kind = nodes_of, kind_of
+def source_of(branch: Any, default: str) -> str:
+    """The source a branch turns into tokens: its reader's (the first above it)."""
+    return next((str(n.source) for n in walk(branch) if role_of(n) == READER), default)
 
 
 def counters_of(nodes: Sequence[Any]) -> Dict[str, Any]:
-    """The counters a new shard continues, read from live nodes: mixer, packer, batcher, readers,
-    chat renderers (`_Template` takes the zeros of the layout from a fresh graph)."""
-    out: Dict[str, Any] = {"packer": dict(next(n for n in nodes if _kind(n) == "packer").stats())}
-    batch = next(n for n in nodes if _kind(n) == "batch")
+    """The counters a new shard continues, read from live nodes by their roles: mixer, packer,
+    batcher, readers, branches (`_Template` takes the zeros of the layout from a fresh graph)."""
+    out: Dict[str, Any] = {"packer": dict(next(n for n in nodes if role_of(n) == PACKER).stats())}
+    batch = next(n for n in nodes if role_of(n) == BATCH)
     out["batch"] = batch.counts()
-    mix = next((n for n in nodes if _kind(n) == "mix"), None)
+    mix = next((n for n in nodes if role_of(n) == MIX), None)
     if mix is not None:
         state = mix.get_state_counters()
         out["mix"] = state
-    out["skipped"] = {n.source: int(getattr(n, "skipped", 0)) for n in nodes if _kind(n) == "reader"}
-    chats = [n for n in nodes if type(n).__name__ == "RenderChat"]
-    if chats:
-        out["chat"] = {getattr(c.parent, "source", str(i)): c.counts() for i, c in enumerate(chats)}
-    encoders = [n for n in nodes if type(n).__name__ == "Tokenize"]
-    if encoders:  # documents encoded from text (the rest came from a token cache)
-        out["encoded"] = {getattr(t.parent, "source", str(i)): t.encoded for i, t in enumerate(encoders)}
+    out["skipped"] = {n.source: int(n.skipped) for n in nodes if role_of(n) == READER}
+    for i, b in enumerate(n for n in nodes if role_of(n) == BRANCH):
+        # the chat renderers' counts, the documents encoded from text (the rest came from a token cache)
+        out.setdefault(b.COUNTERS, {})[source_of(b, str(i))] = b.counters()
     return out
 
 
@@ -124,27 +122,27 @@ class _Template:
     def __init__(self, factory: Callable[[Any], Any], context: Any):
         root = factory(context)
         root.reset(None)
-        nodes = list(nodes_of(root))
+        nodes = list(walk(root))
         self.zeros = counters_of(nodes)
         node, path, self.batch_path = root, [], None
-        while kind_of(node) != "packer":
-            if kind_of(node) == "batch":
+        while role_of(node) != PACKER:
+            if role_of(node) == BATCH:
                 self.batch_path = list(path)
-            key = getattr(type(node), "PARENT", None)
-            if key is None or getattr(node, "parent", None) is None:
+            key, parents = getattr(type(node), "PARENT", None), parents_of(node)
+            if key is None or len(parents) != 1:
                 raise ValueError(f"{type(factory).__name__} graphs cannot change topology on resume: no packer "
                                  f"below {type(node).__name__}")
             path.append(key)
-            node = node.parent
+            node = parents[0]
         if self.batch_path is None:
             raise ValueError(f"{type(factory).__name__} graphs cannot change topology on resume: no Batch node")
         self.packer_path, self.elastic_key, self.stats_key = path, node.ELASTIC, node.STATS
         point = SavePoint(node.parent)
         point.count()
-        self.branches = {n: (type(b).__name__ if b is not None else None) for n, b in zip(point.names, point.branches)}
+        self.branches = dict(zip(point.names, point.branches))
         self.sharders = {}
         for name, reader in zip(point.names, point.readers):
-            self.sharders[name] = next(n for n in nodes_of(reader) if isinstance(n, ShardUnits))
+            self.sharders[name] = next(n for n in walk(reader) if isinstance(n, ShardUnits))
 
 
 def _follow(tree: Any, path: Sequence[str]) -> Any:
@@ -242,11 +240,9 @@ def _old_shard(t: _Template, names: Sequence[str], index: Mapping[str, int], nod
         sharders[name].reset({ShardUnits.EPOCH: e[0], ShardUnits.INDEX: e[1], ShardUnits.PREFIX: e[2]})
         done[name], reading[name] = int(e[3]), int(e[4])
         counters["skipped"][name] = int(e[5])
-        kind = t.branches.get(name)
-        if kind == "Tokenize":
-            counters.setdefault("encoded", {})[name] = int(e[fields])
-        elif kind == "RenderChat":
-            counters.setdefault("chat", {})[name] = dict(zip(RenderChat.COUNT_KEYS, map(int, e[fields:])))
+        branch = t.branches.get(name)
+        if branch is not None:
+            counters.setdefault(branch.COUNTERS, {})[name] = branch.counters_from_ints(e[fields:])
         carried[name] = (int(again[2 * i]), int(again[2 * i + 1]))
     return OldShard(counters, docs, sharders, done, reading, carried)
 
@@ -384,22 +380,20 @@ def _share_of(carry: Any, parts: int, k: int) -> Any:
 
 def apply_carry(root: Any, carry: Mapping[str, Any]) -> None:
     """Give a freshly reset new shard the counters it continues (see `_carry`)."""
-    for node in _nodes(root):
-        kind = _kind(node)
-        if kind == "packer":
+    for node in walk(root):
+        role = role_of(node)
+        if role == PACKER:
             node.carry_stats(carry["packer"])
-        elif kind == "batch":
+        elif role == BATCH:
             node.carry_counts(carry["batch"])
-        elif kind == "mix" and "mix" in carry:
+        elif role == MIX and "mix" in carry:
             node.carry_counters(carry["mix"])
-        elif kind == "reader" and hasattr(node, "carry_skipped"):
+        elif role == READER:
             node.carry_skipped(carry["skipped"].get(node.source, 0))
-        elif type(node).__name__ == "Tokenize" and "encoded" in carry:
-            node.carry_encoded(carry["encoded"].get(getattr(node.parent, "source", ""), 0))
-        elif type(node).__name__ == "RenderChat" and "chat" in carry:
-            counts = carry["chat"].get(getattr(node.parent, "source", ""))
-            if counts is not None:
-                node.carry_counts(counts)
+        elif role == BRANCH and node.COUNTERS in carry:
+            counters = carry[node.COUNTERS].get(source_of(node, ""))
+            if counters is not None:
+                node.carry(counters)
 
 
 def pack_slices(slices: Sequence[WorkSlice]) -> str:

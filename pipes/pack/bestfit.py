@@ -86,6 +86,7 @@ import numpy as np
 
 from ..base import Node, StateError
 from ..items import Row, TokenDoc
+from ..roles import PACKER
 from .core import Slots
 from .savepoint import SavePoint, again_of
 from .stats import load_stats, new_stats
@@ -95,6 +96,7 @@ _NO_ROWS = np.zeros((0, 6), np.int64)
 
 
 class BestFitPack(Node[Row]):
+    ROLE = PACKER
     PARENT = "parent"
     BASE = "base"
     PULLED = "pulled"
@@ -121,7 +123,7 @@ class BestFitPack(Node[Row]):
     def __init__(self, parent: Node[TokenDoc], *, seq_len: int, buffer_size: int = 1000, pad_id: int = 0,
                  max_wait: Optional[int] = None, mode: str = "bestfit", min_fill: int = 1,
                  buffer_tokens: Optional[int] = None, ramp: bool = True):
-        super().__init__()
+        super().__init__(parent)
         if seq_len < 1:
             raise ValueError(f"{seq_len=} must be >= 1")
         if buffer_size < 1:

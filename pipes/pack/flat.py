@@ -15,6 +15,7 @@ import numpy as np
 
 from ..base import Node
 from ..items import Row, TokenDoc
+from ..roles import PACKER
 from .savepoint import SavePoint
 from .stats import load_stats, new_stats
 
@@ -23,6 +24,7 @@ _NO_ROWS = np.zeros((0, 6), np.int64)
 
 
 class FlatPack(Node[Row]):
+    ROLE = PACKER
     PARENT = "parent"
     OFFSET = "offset"
     STATS = "stats"
@@ -31,7 +33,7 @@ class FlatPack(Node[Row]):
     STATE_KEYS = (PARENT, OFFSET, STATS, ELASTIC)
 
     def __init__(self, parent: Node[TokenDoc], *, seq_len: int, pad_id: int = 0):
-        super().__init__()
+        super().__init__(parent)
         if seq_len < 1:
             raise ValueError(f"{seq_len=} must be >= 1")
         self.parent, self.row_len, self.pad_id = parent, seq_len + 1, pad_id

@@ -48,6 +48,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ..graph import BRANCH, MIX, PIECES, READER, Branch, parents_of, role_of, walk
 from ..shard import ShardUnits
 
 #: The columns of ``docs``.
@@ -61,68 +62,38 @@ MIX_FIELDS = ("tokens", "documents", "passes", "exhausted", "era_base")
 # --- the graph above a packer ------------------------------------------------------------
 
 def nodes_of(node: Any) -> Iterator[Any]:
-    """Every node of a graph, children before going up (Mix children, readers' sharders)."""
-    yield node
-    children = getattr(node, "children", None)
-    if isinstance(children, list):
-        for child in children:
-            yield from nodes_of(child)
-        return
-    parent = getattr(node, "parent", None)
-    if parent is None and hasattr(node, "_cursor"):
-        parent = node._cursor.parent
-    if parent is not None and hasattr(parent, "reset"):
-        yield from nodes_of(parent)
+    """Every node of a graph (pipes/graph.py `walk`: the parents each node declared)."""
+    return walk(node)
+
+
+def kind_of(node: Any) -> str:
+    """The role ``node`` declares (pipes/graph.py `role_of`)."""
+    return role_of(node)
 
 
 def reader_states(node: Any, state: Optional[Mapping[str, Any]]) -> Iterator[Tuple[Any, Optional[Mapping[str, Any]]]]:
     """``(reader, its state)`` for every reader of the graph under ``node``, found in ``state``, the
-    state ``node`` saved (None: a graph that starts from nothing). A node nests its parent's state
-    under its class's ``PARENT`` key (a packer: as of its replay window's start, where a restore
-    reads from), a mixer its children's under ``CHILDREN``, by name. KeyError: ``state`` is not
-    this graph's."""
-    if kind_of(node) == "reader":
+    state ``node`` saved (None: a graph that starts from nothing). A node nests its one parent's
+    state under its class's ``PARENT`` key (a packer: as of its replay window's start, where a
+    restore reads from), a mixer its parents' under ``CHILDREN``, by name. KeyError: ``state`` is
+    not this graph's."""
+    if role_of(node) == READER:
         yield node, state
         return
-    children = getattr(node, "children", None)
-    if isinstance(children, list):
+    parents = parents_of(node)
+    if role_of(node) == MIX:
         nested = None if state is None else state[type(node).CHILDREN]
-        for name, child in zip(node.names, children):
+        for name, child in zip(node.names, parents):
             yield from reader_states(child, None if nested is None else nested[name])
         return
-    key, parent = getattr(type(node), "PARENT", None), getattr(node, "parent", None)
-    if key is not None and parent is not None:
-        yield from reader_states(parent, None if state is None else state[key])
-
-
-def kind_of(node: Any) -> str:
-    name = type(node).__name__
-    if name in ("BestFitPack", "FlatPack"):
-        return "packer"
-    if name in ("Tokenize", "RenderChat"):
-        return "branch"
-    if name == "Pieces":
-        return "pieces"
-    if name == "Mix":
-        return "mix"
-    if name == "Batch":
-        return "batch"
-    if isinstance(node, ShardUnits):
-        return "shard"
-    if hasattr(node, "unread"):
-        return "reader"
-    return "other"
+    key = getattr(type(node), "PARENT", None)
+    if key is not None and len(parents) == 1:
+        yield from reader_states(parents[0], None if state is None else state[key])
 
 
 def branch_counts(branch: Any) -> List[int]:
-    """The counters a branch carries over an elastic resume: documents encoded (`Tokenize`), a chat
-    renderer's counts (`RenderChat`), none for another node."""
-    if type(branch).__name__ == "Tokenize":
-        return [int(branch.encoded)]
-    if type(branch).__name__ == "RenderChat":
-        counts = branch.counts()
-        return [int(counts[k]) for k in branch.COUNT_KEYS]
-    return []
+    """The counters a branch carries over an elastic resume (`graph.Branch`), none for another node."""
+    return branch.counters_as_ints() if isinstance(branch, Branch) else []
 
 
 # --- the documents in flight, packed ----------------------------------------------------------
@@ -173,22 +144,22 @@ class SavePoint:
         self._loaded_docs: Optional[np.ndarray] = None
 
     def _find(self) -> None:
-        nodes = list(nodes_of(self.parent))
-        self._mix = next((n for n in nodes if kind_of(n) == "mix"), None)
-        branches = [n for n in nodes if kind_of(n) == "branch"]
-        pieces = [n for n in nodes if kind_of(n) == "pieces"]
+        nodes = list(walk(self.parent))
+        self._mix = next((n for n in nodes if role_of(n) == MIX), None)
+        branches = [n for n in nodes if role_of(n) == BRANCH]
+        pieces = [n for n in nodes if role_of(n) == PIECES]
         for reader in nodes:
-            if kind_of(reader) != "reader" or not hasattr(reader, "position"):
+            if role_of(reader) != READER:
                 continue
-            name = str(getattr(reader, "source", len(self.names)))
+            name = str(reader.source)
             if name in self.index:
                 continue
             self.index[name] = len(self.names)
             self.names.append(name)
             self.readers.append(reader)
-            branch = next((b for b in branches if getattr(b, "parent", None) is reader), None)
+            branch = next((b for b in branches if any(p is reader for p in parents_of(b))), None)
             self.branches.append(branch)
-            self.pieces.append(next((p for p in pieces if p.parent is (branch or reader)), None))
+            self.pieces.append(next((p for p in pieces if any(q is (branch or reader) for q in parents_of(p))), None))
         self._found = True
 
     def count(self) -> int:
@@ -244,8 +215,7 @@ class SavePoint:
                     parts.append(rows)
                 continue
             state, row = reader.position()
-            entry = [state[_EPOCH], state[_INDEX], state[_PREFIX], row, reader.next_epoch(),
-                     getattr(reader, "skipped", 0)]
+            entry = [state[_EPOCH], state[_INDEX], state[_PREFIX], row, reader.next_epoch(), reader.skipped]
             if branch is not None:
                 entry += branch_counts(branch)
                 rows = branch.in_flight_origins(i)

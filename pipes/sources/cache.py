@@ -137,7 +137,7 @@ class ReadCached(CursorReader, SkipCount, Node[Doc]):
     OPEN_FILES = 8
 
     def __init__(self, parent: ShardUnits, plan: SourcePlan, cache: UnitCache, *, seed: int = 0):
-        super().__init__()
+        super().__init__(parent)
         self.plan, self.units, self.cache, self.source = plan, plan.units, cache, plan.name
         self._cursor = UnitCursor(parent, self._load, seed=seed, shuffle_rows=True)
         self._open = OpenFiles(self.OPEN_FILES)

@@ -40,7 +40,7 @@ class ReadList(Node[Example]):
 
     def __init__(self, parent: ShardUnits, items: Sequence[Any], *, source: str, index: int = 0, seed: int = 0,
                  shuffle: bool = True):
-        super().__init__()
+        super().__init__(parent)
         self.parent, self.items, self.source, self.index = parent, items, source, index
         self.seed, self.shuffle = seed, shuffle
         self._cursor = UnitCursor(parent, self._load, seed=seed, shuffle_rows=shuffle)
@@ -73,7 +73,7 @@ class Take(Node[Any]):
     STATE_KEYS = (PARENT, COUNT)
 
     def __init__(self, parent: Node, n: int):
-        super().__init__()
+        super().__init__(parent)
         if n < 0:
             raise ValueError(f"{n=} must be >= 0")
         self.parent, self.n, self._count = parent, n, 0
@@ -118,7 +118,7 @@ class BatchExamples(Node[Any]):
 
     def __init__(self, parent: Node[Example], *, batch_size: int, sources: Sequence[str],
                  collate_fn: Optional[Callable[[List[Any]], Any]] = None, drop_last: bool = False):
-        super().__init__()
+        super().__init__(parent)
         if batch_size < 1:
             raise ValueError(f"{batch_size=} must be >= 1")
         self.parent, self.batch_size, self.sources = parent, batch_size, list(sources)

@@ -289,7 +289,7 @@ class ReadJsonl(CursorReader, SkipCount, Node[Doc]):
     def __init__(self, parent: ShardUnits, units: LineUnitTable, *, field: str = "text", source: str = "",
                  seed: int = 0, shuffle_rows: bool = True, on_error: str = "raise", on_null: str = "skip",
                  require_type: Optional[Union[type, Tuple[type, ...]]] = None):
-        super().__init__()
+        super().__init__(parent)
         if units.kind != "lines":
             raise ValueError(f"ReadJsonl reads units listed by list_jsonl_units, got kind {units.kind!r}")
         if on_error not in POLICIES or on_null not in POLICIES:

@@ -295,7 +295,7 @@ class ReadParquet(CursorReader, SkipCount, Node[Doc]):
 
     def __init__(self, parent: ShardUnits, units: UnitTable, *, column: str = "text", source: str = "",
                  seed: int = 0, shuffle_rows: bool = True, readahead: Optional[int] = None):
-        super().__init__()
+        super().__init__(parent)
         self.parent, self.units, self.column = parent, units, column
         self.source, self.seed, self.shuffle_rows = source, seed, shuffle_rows
         self.readahead = readahead

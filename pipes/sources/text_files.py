@@ -43,6 +43,7 @@ import numpy as np
 
 from ..base import Node
 from ..items import Doc
+from ..roles import READER
 from ..shard import ROW_ORDER_TAG, ShardUnits, WorkSlice, rng_for, unread_after
 from .files import FileUnits, OpenFiles, SourceFile
 
@@ -251,7 +252,9 @@ class UnitCursor:
 class CursorReader:
     """What a reader whose position is a `UnitCursor` (``self._cursor``) hands on to it: the rows
     an elastic resume carries over (`unread`), the epoch of the next row (`next_epoch`) and its
-    position (`position`)."""
+    position (`position`). A reader of a shard's units: role ``READER`` (pipes/graph.py)."""
+
+    ROLE = READER
 
     @property
     def sharder(self) -> ShardUnits:
@@ -295,13 +298,19 @@ class ReadText(CursorReader, Node[Doc]):
     ``"replace"`` reads such bytes as U+FFFD.
     """
 
+    #: A paragraph is text whatever it holds: a text reader skips no row (the reader protocol's count).
+    skipped = 0
+
+    def carry_skipped(self, skipped: int) -> None:
+        """Nothing to continue: a text reader never skips (the reader protocol, elastic.py)."""
+
     PARENT = "parent"
     ROW = "row"
     STATE_KEYS = (PARENT, ROW)
 
     def __init__(self, parent: ShardUnits, units: LineUnitTable, *, source: str = "", seed: int = 0,
                  shuffle_rows: bool = True, errors: str = "strict"):
-        super().__init__()
+        super().__init__(parent)
         if units.kind not in TEXT_MODES:
             raise ValueError(f"ReadText reads units listed by list_text_units, got kind {units.kind!r}")
         if errors not in DECODE_ERRORS:
