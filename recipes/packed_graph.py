@@ -91,7 +91,7 @@ class PackedGraph:
         upcoming: Dict[str, List[Any]] = {p.name: [] for p in self.plans}
         for ctx, state in shards:
             for reader, saved in reader_states(self(ctx), state):
-                sharder = getattr(reader, "sharder", None)
+                sharder = reader.sharder  # the reader protocol (pipes/graph.py)
                 if reader.source in upcoming and isinstance(sharder, ShardUnits):
                     sharder.reset(None if saved is None else saved[type(reader).PARENT])
                     upcoming[reader.source].append(sharder.ahead())
