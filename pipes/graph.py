@@ -19,17 +19,24 @@ Roles:
 | ``MIX`` | mixes several branches by weight (`Mix`) | ``names``, counters |
 | ``PACKER`` | packs documents into rows (`BestFitPack`, `FlatPack`) | ``stats()``, its save point |
 | ``BATCH`` | rows into the batch dict (`Batch`) | ``counts()`` |
-| ``OTHER`` | anything else (the default: a user's node, `WithStats`) | walked through, nothing asked |
+| ``PASS`` | maps or filters items one at a time and holds none between calls (`WithStats`, a user's filter) | nothing: on another topology it starts afresh |
+| ``OTHER`` | anything else (the default for a node that declares nothing) | walked through, nothing asked |
+
+A ``torchdata.nodes`` ``Mapper`` (a ``ParallelMapper`` with ``num_workers=0`` and no ``prebatch``) maps
+one item at a time and holds none: it counts as ``PASS``. An elastic resume (pipes/loader/elastic.py)
+continues a graph on another topology only when every node has one of the roles above but ``OTHER``
+(`check_elastic`): a node that may hold documents between calls (a shuffle buffer, a parallel map)
+would lose them there.
 """
 
 from __future__ import annotations
 
 from typing import Any, Iterator, List, Tuple
 
-from torchdata.nodes import BaseNode
+from torchdata.nodes import BaseNode, ParallelMapper
 
 from .base import Node
-from .roles import BATCH, BRANCH, MIX, OTHER, PACKER, PIECES, READER, ROLES, SHARD  # noqa: F401 (re-exported)
+from .roles import BATCH, BRANCH, MIX, OTHER, PACKER, PASS, PIECES, READER, ROLES, SHARD  # noqa: F401 (re-exported)
 
 
 class Branch:
@@ -65,8 +72,13 @@ def parents_of(node: Any) -> Tuple[Any, ...]:
 
 
 def role_of(node: Any) -> str:
-    """The role a tokenloom node declares (``ROLE``); ``OTHER`` for any other node."""
-    return type(node).ROLE if isinstance(node, Node) else OTHER
+    """The role a tokenloom node declares (``ROLE``); ``PASS`` for torchdata's one-at-a-time ``Mapper``;
+    ``OTHER`` for any other node."""
+    if isinstance(node, Node):
+        return type(node).ROLE
+    if isinstance(node, ParallelMapper) and node.num_workers == 0 and node.prebatch is None:
+        return PASS
+    return OTHER
 
 
 def walk(node: Any) -> Iterator[Any]:

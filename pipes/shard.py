@@ -197,12 +197,20 @@ class ShardUnits(Node[WorkSlice]):
         self.plans = plans
         self.shard, self.num_shards, self.seed = shard, num_shards, seed
         self.epochs, self.first_epoch, self.shuffle = epochs, first_epoch, shuffle
+        self.continue_plan(prefix, resume_epoch, prefix_offset)
+
+    def continue_plan(self, prefix: Sequence[WorkSlice] = (), resume_epoch: Optional[int] = None,
+                      prefix_offset: int = 0) -> None:
+        """Emit ``prefix`` first, then plan from ``resume_epoch`` on: a new shard's share of an elastic
+        resume (elastic.py `prefix_of` gives these for a source; the loader calls this on every sharder
+        of a graph built for such a shard, so a graph composed by hand continues like a recipe's).
+        Before `reset`; the same arguments twice change nothing."""
         # A saved plan drops the prefix slices no restore can need again: prefix[0] is slice
         # number prefix_offset, and PREFIX counts from the plan's first slice.
         self.prefix = [s if type(s) is WorkSlice else WorkSlice(*s) for s in prefix]
         self.prefix_offset = int(prefix_offset)
         self._end = self.prefix_offset + len(self.prefix)
-        self.start_epoch = first_epoch if resume_epoch is None else int(resume_epoch)
+        self.start_epoch = self.first_epoch if resume_epoch is None else int(resume_epoch)
         self.resumed = resume_epoch is not None
         self._epoch = self.start_epoch
         self._index = 0

@@ -16,12 +16,14 @@ from typing import Any, Callable, Dict, Optional, Sequence
 
 from .base import Node
 from .loader.bridge import STATS_KEY
+from .roles import PASS
 
 
 class WithStats(Node[Dict[str, Any]]):
     """Adds ``batch[STATS_KEY] = (worker, *counters())``; ``counters`` returns a list of
     ints in the order of ``keys`` (the loader sums them per key over workers)."""
 
+    ROLE = PASS
     PARENT = "parent"
     STATE_KEYS = (PARENT,)
 

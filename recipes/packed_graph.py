@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from tokenloom.pipes.batch import Batch
 from tokenloom.pipes.chat import RenderChat
 from tokenloom.pipes.loader.bridge import ShardContext
-from tokenloom.pipes.loader.elastic import STEP, prefix_of
+from tokenloom.pipes.loader.elastic import STEP, build_shard
 from tokenloom.pipes.mix import Mix
 from tokenloom.pipes.pack.bestfit import BestFitPack
 from tokenloom.pipes.pack.flat import FlatPack
@@ -76,10 +76,6 @@ class PackedGraph:
     buffer_tokens: Optional[int] = None  # best-fit: tokens the buffer holds at most (None: the packer's default)
     max_wait: Optional[int] = None  # best-fit: pulls a buffered document waits at most (None: buffer_size)
 
-    def source_names(self) -> List[str]:
-        """The sources in order: a graph that names them can resume on another topology (elastic.py)."""
-        return [p.name for p in self.plans]
-
     def fetch_first(self, shards: Sequence[Tuple[ShardContext, Optional[Mapping[str, Any]]]]) -> int:
         """After a restore, before the workers start: fetch in this process the first units each shard
         reads of a remote source from the position its state (None: its start, or an elastic
@@ -90,7 +86,7 @@ class PackedGraph:
             return 0  # local files, or remote ones listed without keeping them open: nothing to fetch here
         upcoming: Dict[str, List[Any]] = {p.name: [] for p in self.plans}
         for ctx, state in shards:
-            for reader, saved in reader_states(self(ctx), state):
+            for reader, saved in reader_states(build_shard(self, ctx), state):
                 sharder = reader.sharder  # the reader protocol (pipes/graph.py)
                 if reader.source in upcoming and isinstance(sharder, ShardUnits):
                     sharder.reset(None if saved is None else saved[type(reader).PARENT])
@@ -108,7 +104,7 @@ class PackedGraph:
             # With several sources the mixer decides when to stop, so branches are endless.
             node = ShardUnits(plan.units.rows, shard=ctx.shard, num_shards=ctx.num_shards, seed=self.seed,
                               epochs=self.epochs if single else None, first_epoch=first_epoch,
-                              what=f"source {plan.name!r}", **prefix_of(ctx.elastic, plan.name))
+                              what=f"source {plan.name!r}")  # an elastic plan: given by the loader (build_shard)
             shards[plan.name] = node
             node = readers[plan.name] = plan.reader(node, seed=self.seed)
             if self.chat is None:

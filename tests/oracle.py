@@ -227,6 +227,7 @@ class Oracle:
     eos: bool = False
     cycling: bool = False  # exhausted sources cycle on (a document may come more than epochs times)
     names: Optional[Sequence[str]] = None  # the sources the loader reads (default: all)
+    dropped: frozenset = frozenset()  # documents a node of the graph filters out: delivered 0 times
     errors: List[str] = field(default_factory=list)
     chains: Dict[int, List[_Chain]] = field(default_factory=lambda: collections.defaultdict(list))
     done: collections.Counter = field(default_factory=collections.Counter)
@@ -561,15 +562,16 @@ class Oracle:
             if open_:
                 self._err("end", f"{len(open_)} documents left unfinished (doc: offsets reached) "
                                  f"{dict(list(open_.items())[:5])}")
+            want = {d: 0 if d in self.dropped else self.epochs for d in range(len(self.corpus.doc_source))}
             wrong = [(d, self.done[d]) for d, s in enumerate(self.corpus.doc_source)
-                     if s in names and (self.done[d] > self.epochs if crop else self.done[d] != self.epochs)]
+                     if s in names and (self.done[d] > want[d] if crop else self.done[d] != want[d])]
             if wrong:
                 self._err("end", f"{len(wrong)} documents delivered another number of times than epochs={self.epochs} "
                                  f"(doc, times): {wrong[:8]}")
             if crop:
                 # Crop never pads but in a stream's last row, so a document goes missing (no word
                 # delivered) only when its BOS filled the label slot after a row that ended a document.
-                deficit = sum(self.epochs - self.done[d] for d, s in enumerate(self.corpus.doc_source) if s in names)
+                deficit = sum(want[d] - self.done[d] for d, s in enumerate(self.corpus.doc_source) if s in names)
                 if deficit > self.label_slots:
                     self._err("end", f"{deficit} document passes delivered no token, but only {self.label_slots} "
                                      "label slots could have taken a document's BOS: documents lost")

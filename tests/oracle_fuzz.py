@@ -10,7 +10,10 @@ after 0 steps, after some, at the round's last batch, or after the round (then t
 hop runs the next round, checked on its own). Between hops a state goes through JSON or
 ``torch.save``; a hop on the same topology may load its own dict or the list; the weights
 may change at a hop (``allow_weight_change``); persistent workers and a `DevicePrefetcher`
-(its own state) appear at random.
+(its own state) appear at random. Drawn last, so earlier seeds keep their scenarios: buffers of 1-3
+documents, rows of 2-9 tokens, sources of a few documents, and a graph composed by hand
+(tests/composed.py: a filter and a torchdata Mapper, run by TokenLoomLoader) instead of the recipe.
+Each scenario runs under a time limit (``--limit``): an epoch that never ends fails with its seed.
 
     python -m tests.oracle_fuzz --seed 17            # one scenario, printed, then run
     python -m tests.oracle_fuzz --minutes 30         # as many as fit (make fuzz MINUTES=30)
@@ -33,6 +36,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
+from .composed import COMPOSABLE, composed_builder
 from .oracle import BOS, CHAT_KINDS, IGNORE, KINDS, Oracle, make_corpus
 
 
@@ -74,6 +78,9 @@ class Scenario:
     #: in parts of ``part_bytes`` (unit_readahead.PART_BYTES), or None: the default (local files read when needed).
     readahead: Optional[str] = None
     part_bytes: int = 0
+    #: A graph composed by hand instead of the recipe (tests/composed.py), with a filter dropping source a's
+    #: documents shorter than this many tokens (and a torchdata Mapper); 0: the recipe.
+    composed: int = 0
 
     def complete(self) -> bool:
         """Whether a round delivers every document exactly ``epochs`` times."""
@@ -83,6 +90,7 @@ class Scenario:
     def __str__(self) -> str:
         hops = " -> ".join(map(str, self.hops))
         ahead = f" read-ahead {self.readahead} parts {self.part_bytes}" if self.readahead else ""
+        ahead += f" composed (filter < {self.composed} tokens)" if self.composed else ""
         return (f"seed {self.seed}: {'sft ' if self.chat else ''}sources {self.sources}, T={self.seq_len} B={self.batch_size} {self.packing} "
                 f"buffer {self.buffer_size} epochs={self.epochs} {self.loader}{ahead}; hops {hops}")
 
@@ -159,6 +167,12 @@ def draw(seed: int) -> Scenario:
     if rng.random() < 0.15:  # every shard needs a row: refused with a clear error otherwise (test_bad_input.py)
         shards = max(h.world * max(h.workers, 1) for h in sc.hops)
         sc.sources = {n: (kind, max(rng.randint(1, 4), shards)) for n, (kind, _) in sc.sources.items()}
+    if (not sc.chat and all(kind in COMPOSABLE for kind, _ in sc.sources.values()) and rng.random() < 0.2
+            and sc.loader.get("mix", "interleave") == "interleave" and not isinstance(sc.loader.get("weights"), list)):
+        # A graph composed by hand, with a filter and a Mapper (tests/composed.py): the recipe's settings it has
+        sc.composed = rng.randint(1, 8)
+        for hop in sc.hops:
+            hop.weights = None
     return sc
 
 
@@ -215,10 +229,15 @@ def run_scenario(sc: Scenario, root: str, *, limit: float = LIMIT) -> Dict[str, 
     corpus = make_corpus(root, sc.sources, row=sc.seq_len + 1, seed=sc.seed, chat=sc.chat)
     rounds = 0
 
+    dropped = frozenset()
+    if sc.composed:
+        seqs, _ = corpus.sequences("eos" in sc.loader)
+        dropped = frozenset(d for d, s in enumerate(corpus.doc_source) if s == "a" and len(seqs[d]) < sc.composed)
+
     def new_oracle():
         return Oracle(corpus, epochs=sc.epochs, mode=sc.packing, cycling=sc.loader.get("cycle_exhausted", True),
                       end_label=BOS if sc.loader.get("predict_bos") else IGNORE, eos="eos" in sc.loader,
-                      names=list(sc.sources))
+                      names=list(sc.sources), dropped=dropped)
     oracle = new_oracle()
     states: Optional[List[Dict[str, str]]] = None
     prev: Optional[FuzzHop] = None
@@ -227,7 +246,7 @@ def run_scenario(sc: Scenario, root: str, *, limit: float = LIMIT) -> Dict[str, 
     for h, hop in enumerate(sc.hops):
         if hop.weights is not None:
             weights = hop.weights
-        build = _builder(sc, corpus, weights)
+        build = composed_builder(sc, corpus) if sc.composed else _builder(sc, corpus, weights)
         sync = ThreadSync(hop.world) if hop.world > 1 else None
         loaders = []
         for r in range(hop.world):

@@ -14,13 +14,17 @@ import pytest
 
 from tokenloom.pipes import (Batch, BestFitPack, Node, ReadParquet, ShardContext, ShardUnits, Tokenize,
                              TokenLoomLoader, list_parquet_units, load_encoder, resolve_files)
+from tokenloom.pipes.roles import PASS
 
 from .resume import check_loader_resume, check_node_resume
 
 
 class LengthFilter(Node):
-    """Drops tokenized documents shorter than ``min_tokens``, and counts them."""
+    """Drops tokenized documents shorter than ``min_tokens``, and counts them. It maps one document at a
+    time and holds none between calls, and says so (``ROLE = PASS``): a graph holding it can continue
+    on another topology, where it starts afresh (test_composed_elastic.py)."""
 
+    ROLE = PASS
     PARENT = "parent"
     DROPPED = "dropped"
     STATE_KEYS = (PARENT, DROPPED)
@@ -134,7 +138,7 @@ def test_a_composed_graph_is_walked_through_its_declared_parents(corpus, tok_pat
     sharder and its branch through them, as in a recipe's graph."""
     from torchdata.nodes import Mapper
 
-    from tokenloom.pipes.graph import BATCH, BRANCH, OTHER, PACKER, READER, SHARD, role_of, walk
+    from tokenloom.pipes.graph import BATCH, BRANCH, PACKER, PASS, READER, SHARD, role_of, walk
 
     glob, _ = corpus
     units = list_parquet_units(resolve_files(glob), "text")
@@ -144,7 +148,7 @@ def test_a_composed_graph_is_walked_through_its_declared_parents(corpus, tok_pat
     mapped = Mapper(LengthFilter(branch, 20), lambda doc: doc)
     packer = BestFitPack(mapped, seq_len=127, buffer_size=30)
     root = Batch(packer, batch_size=2, seq_len=127)
-    assert [role_of(n) for n in walk(root)] == [BATCH, PACKER, OTHER, OTHER, BRANCH, READER, SHARD]
+    assert [role_of(n) for n in walk(root)] == [BATCH, PACKER, PASS, PASS, BRANCH, READER, SHARD]
     root.reset()
     next(root)
     point = root.state_dict()[Batch.PARENT][BestFitPack.ELASTIC]

@@ -25,7 +25,8 @@ from tokenloom.pipes.loader import decode_state
 from tokenloom.pipes.loader.bridge import ShardContext
 from tokenloom.pipes.graph import role_of as _kind, walk as _nodes
 from tokenloom.pipes.loader.elastic import (CARRY, PREFIX, RESUME_EPOCH, ROUND, SOURCES, STEP, _merge, _share_of,
-                                            _split, apply_carry, counters_of, pack_slices, plan_shards, worker_trees)
+                                            _split, apply_carry, build_shard, counters_of, pack_slices, plan_shards,
+                                            worker_trees)
 from tokenloom.pipes.shard import WorkSlice
 from tokenloom.recipes import sft
 
@@ -80,7 +81,7 @@ def _replayed_shards(factory, decoded: Sequence[Dict[str, Any]], round_: int, wo
         for w in range(max(workers, 1)):
             tree = trees.get(w) or {}
             shard_plan = plan["shards"][str(w)] if plan is not None and int(plan["round"]) == round_ else None
-            root = factory(ShardContext(rank, world, w, workers, round_, shard_plan))
+            root = build_shard(factory, ShardContext(rank, world, w, workers, round_, shard_plan))
             root.reset(tree.get("node"))
             if tree.get("node") is None and shard_plan is not None:
                 apply_carry(root, shard_plan[CARRY])
@@ -173,7 +174,7 @@ def replayed_plans(loader, states, world: int, workers: int) -> Dict[int, Dict[s
     decoded, round_, old_world, old_workers, steps, last = _where(loader, states)
     old = _replayed_shards(loader.dataset.factory, decoded, round_, old_world, old_workers)
     n = world * max(workers, 1)
-    return _replayed_plan(old, loader.dataset.factory.source_names(), new_shards=range(n), num_new=n, step=steps,
+    return _replayed_plan(old, loader.dataset.source_names(), new_shards=range(n), num_new=n, step=steps,
                           round_=round_, last_epoch=last)
 
 
@@ -183,7 +184,7 @@ def planned(loader, states, world: int, workers: int) -> Dict[int, Dict[str, Any
     old = loader._old_shards(sorted(decoded, key=lambda d: int(d["tokenloom"]["config"]["rank"])), round_,
                              old_world, old_workers)
     n = world * max(workers, 1)
-    return plan_shards(old, loader.dataset.factory.source_names(), new_shards=range(n), num_new=n, step=steps,
+    return plan_shards(old, loader.dataset.source_names(), new_shards=range(n), num_new=n, step=steps,
                        round_=round_, last_epoch=last)
 
 

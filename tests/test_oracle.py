@@ -257,12 +257,13 @@ def test_stats_right_after_an_elastic_resume(tmp_path):
 
 #: Seeds of the CI run: the first ones of the driver's range plus seeds that once failed (10007: two jsonl
 #: sources in pieces with a buffer of 2, and 10016: a buffer of 1 on 3-4 ranks, never ended their epoch
-#: before issue 34's fix; 40165: ranks
+#: before issue 34's fix; 10067 and 10082: graphs composed by hand (tests/composed.py), two sources
+#: best-fit from 3 ranks to 2 x 3 workers to 1 x 2, one source over two epochs; 40165: ranks
 #: that end a finite epoch with different numbers of data batches, a list loaded on the same topology
 #: with new weights, then another topology: the ranks' histories differed and the list was refused),
 #: and 10035: jsonl and a JSON array read ahead (8K budget, line units in parts of 64 bytes) on 3 workers
 #: with a prefetcher, then elastic hops. Seven of the others draw read-ahead too.
-SEEDS = list(range(10_000, 10_012)) + [6, 7, 8, 16, 25, 28, 40165, 10035, 10016]
+SEEDS = list(range(10_000, 10_012)) + [6, 7, 8, 16, 25, 28, 40165, 10035, 10016, 10067, 10082]
 
 
 @pytest.mark.slow

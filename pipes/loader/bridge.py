@@ -38,7 +38,8 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from ..check_args import per_source_changes
 from .direct_queue import direct_context
 from .fetch_ahead import FetchAhead
-from .elastic import CARRY, OldShard, apply_carry, plan_shards, read_old_shards, trimmed, worker_trees
+from .elastic import (CARRY, OldShard, apply_carry, build_shard, plan_shards, read_old_shards, trimmed,
+                      worker_trees)
 from .node_dataset import GraphFactory, NodeDataset, ShardContext  # noqa: F401 (re-exported)
 from ..sources.fingerprint import check_sources
 from .wire import DROP_KEY, STALE_KEY, STALE_MESSAGE, STATS_KEY, WireBatch, public_batch  # noqa: F401 (re-exported)
@@ -372,8 +373,7 @@ class TokenLoomLoader(StatefulDataLoader):
         }
         meta = state[self.META]
         plan = self.dataset.elastic
-        names = getattr(self.dataset.factory, "source_names", None)
-        meta[self.ELASTIC] = plan if plan is None or names is None else trimmed(plan, state[self.LOADER], names())
+        meta[self.ELASTIC] = plan if plan is None else trimmed(plan, state[self.LOADER], self.dataset.source_names())
         return state
 
     def _inner_state(self) -> Dict[str, Any]:
@@ -451,9 +451,6 @@ class TokenLoomLoader(StatefulDataLoader):
         if not states:
             raise ValueError("load_state_dict([]): an elastic resume needs the state of every old rank; got none")
         factory = self.dataset.factory
-        if not callable(getattr(factory, "source_names", None)):
-            raise ValueError(f"{type(factory).__name__} graphs cannot change topology on resume (elastic resume is "
-                             "for pretrain and sft); resume with the world size and num_workers the states were saved with")
         pairs = [_decode(s) for s in states]
         decoded = [d for d, _ in pairs]
         # The digests each state's check computed, for the new history's id (a nested state: computed here).
@@ -498,6 +495,7 @@ class TokenLoomLoader(StatefulDataLoader):
             # The same topology: each rank's own state, exactly (bitwise) as a single dict.
             own = next(d for d in decoded if int(d[self.META][self.CONFIG]["rank"]) == rank)
             return self.load_state_dict(own, allow_weight_change=allow_weight_change)
+        self.dataset.source_names()  # refuses a graph that cannot continue here, naming the node, before any change
         self._generation += 1
         self._fetch_ahead = None
         self._lineage = lineage_of(*[digests[id(d)]
@@ -519,17 +517,18 @@ class TokenLoomLoader(StatefulDataLoader):
             old = self._old_shards([d for d in sorted(decoded, key=lambda d: int(d[self.META][self.CONFIG]["rank"]))],
                                    round_, old_world, old_workers)
             epochs = self.config.get("epochs")
-            plans = plan_shards(old, factory.source_names(), new_shards=range(rank * workers, (rank + 1) * workers),
+            plans = plan_shards(old, self.dataset.source_names(), new_shards=range(rank * workers, (rank + 1) * workers),
                                 num_new=world * workers, step=steps, round_=round_,
                                 last_epoch=None if epochs is None else (round_ + 1) * epochs - 1)
             self.dataset.round = round_
             self.dataset.elastic = {"round": round_, "shards": {str(g - rank * workers): p for g, p in plans.items()}}
             for w in range(workers):
                 # What each new worker's counters start from, so stats() continues before its first batch.
-                root = factory(ShardContext(rank, world, w, self.num_workers, round_, plans[rank * workers + w]))
+                root = build_shard(factory, ShardContext(rank, world, w, self.num_workers, round_, plans[rank * workers + w]))
                 root.reset(None)
                 apply_carry(root, plans[rank * workers + w][CARRY])
-                self._worker_stats[str(w)] = [int(x) for x in root.counters()]
+                if self.stats_keys:  # a graph that reports statistics (WithStats at its root, as the recipes')
+                    self._worker_stats[str(w)] = [int(x) for x in root.counters()]
             self.dataset.fetch_first({})
         super().load_state_dict({})
 
@@ -547,8 +546,8 @@ class TokenLoomLoader(StatefulDataLoader):
                                  "save with snapshot_every_n_steps=1 (the default)")
             # {}: saved before the round started
             held.append((int(meta[self.CONFIG]["rank"]), worker_trees(inner) if inner else {}, meta[self.ELASTIC]))
-        return read_old_shards(self.dataset.factory, held, round_=round_, world=world, workers=workers,
-                               context=ShardContext)
+        return read_old_shards(self.dataset.factory, held, names=self.dataset.source_names(), round_=round_,
+                               world=world, workers=workers, context=ShardContext)
 
 
 #: The key of a loader's entry in its state dict: ``tokenloom_rank_<data rank>``.

@@ -65,8 +65,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..batch import Batch
-from ..graph import BATCH, BRANCH, MIX, PACKER, READER, parents_of, role_of, walk
+from ..graph import BATCH, BRANCH, MIX, OTHER, PACKER, READER, parents_of, role_of, walk
 from ..pack.savepoint import SOURCE_FIELDS, SavePoint, unpack_docs
 from ..shard import EpochPlans, ShardUnits, WorkSlice, unread_after
 
@@ -90,6 +89,55 @@ def worker_trees(loader_state: Mapping[str, Any]) -> Dict[int, Any]:
 def _dataset_state(holder: Mapping[str, Any]) -> Any:
     fetcher = holder.get("fetcher_state") or {}
     return fetcher.get("dataset_iter_state") or holder.get("dataset_state")
+
+
+# --- the graph: can it continue on another topology? ------------------------------------------
+
+def check_elastic(root: Any) -> List[str]:
+    """The sources (readers' names, in the graph's order) of a graph that can continue on another
+    topology; `ValueError` naming the node that cannot, and what it would need. Every node must have a
+    role (pipes/graph.py) other than ``OTHER``: one that declares none may hold documents between
+    calls, which a new topology would lose. One packer, a batcher above it, and readers of distinct
+    names over `ShardUnits`."""
+    nodes = list(walk(root))
+    for node in nodes:
+        if role_of(node) == OTHER:
+            raise ValueError(
+                f"{type(node).__name__} cannot continue on another topology (elastic resume): it declares no role, so "
+                "it may hold documents between calls, which the new topology would lose. If it maps or filters items "
+                "one at a time and holds none between calls, declare ROLE = PASS (tokenloom.pipes.roles) on its class; "
+                "else resume with the world size and num_workers the states were saved with")
+    packers = [n for n in nodes if role_of(n) == PACKER]
+    if len(packers) != 1 or not any(role_of(n) == BATCH for n in nodes):
+        raise ValueError(f"an elastic resume needs one packer and a Batch node above it; this graph has "
+                         f"{len(packers)} packer(s) ({', '.join(type(n).__name__ for n in nodes)})")
+    readers = [n for n in nodes if role_of(n) == READER]
+    names = [str(r.source) for r in readers]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ValueError(f"an elastic resume tells sources apart by their readers' names; {len(readers)} readers share "
+                         f"{twice}: give each reader its own source= name")
+    for reader in readers:
+        if not isinstance(reader.sharder, ShardUnits):
+            raise ValueError(f"{type(reader).__name__} of source {reader.source!r} reads from "
+                             f"{type(reader.sharder).__name__}, not ShardUnits: an elastic resume re-plans ShardUnits' work")
+    return names
+
+
+def continue_elastic(root: Any, plan: Mapping[str, Any]) -> None:
+    """Give every sharder of a graph built for a new shard its part of ``plan`` (`ShardUnits.continue_plan`)."""
+    for node in walk(root):
+        if role_of(node) == READER:
+            node.sharder.continue_plan(**prefix_of(plan, str(node.source)))
+
+
+def build_shard(factory: Callable[[Any], Any], ctx: Any) -> Any:
+    """``factory(ctx)``, continued on the shard's elastic plan when it has one (``ctx.elastic``): how the
+    loader builds every shard's graph, a recipe's or one composed by hand."""
+    root = factory(ctx)
+    if ctx.elastic is not None:
+        continue_elastic(root, ctx.elastic)
+    return root
 
 
 def source_of(branch: Any, default: str) -> str:
@@ -127,7 +175,7 @@ class _Template:
         node, path, self.batch_path = root, [], None
         while role_of(node) != PACKER:
             if role_of(node) == BATCH:
-                self.batch_path = list(path)
+                self.batch_path, self.counts_key = list(path), type(node).COUNTS
             key, parents = getattr(type(node), "PARENT", None), parents_of(node)
             if key is None or len(parents) != 1:
                 raise ValueError(f"{type(factory).__name__} graphs cannot change topology on resume: no packer "
@@ -176,13 +224,13 @@ class OldShard:
         return unread_after(self.sharders[source], None, self.done[source], upto_epoch)
 
 
-def read_old_shards(factory: Callable[[Any], Any], states: Sequence[Tuple[Any, Any]], *, round_: int, world: int,
-                    workers: int, context: Callable[..., Any]) -> List[OldShard]:
+def read_old_shards(factory: Callable[[Any], Any], states: Sequence[Tuple[Any, Any]], *, names: Sequence[str],
+                    round_: int, world: int, workers: int, context: Callable[..., Any]) -> List[OldShard]:
     """Every old shard (rank by rank, worker by worker) at its save point, from ``states``: per old
     rank, its rank, worker trees ({worker: {"round", "node"}}) and elastic plan (None: none). One graph
     is built for the layout (`_Template`); per old shard only its summary is decoded and a sharder
-    restored per source, so the cost is ~the states' size, not a replay."""
-    names = factory.source_names()
+    restored per source, so the cost is ~the states' size, not a replay. ``names``: the graph's sources
+    (`check_elastic`)."""
     index = {n: i for i, n in enumerate(names)}
     template = _Template(factory, context(0, world, 0, workers, round_, None))
     num_shards = world * max(workers, 1)
@@ -227,7 +275,7 @@ def _old_shard(t: _Template, names: Sequence[str], index: Mapping[str, int], nod
         docs[:, 0] = np.asarray([index[n] for n in local], np.int64)[docs[:, 0]]
     again = summary[SavePoint.AGAIN]
     counters: Dict[str, Any] = {"packer": dict(packer[t.stats_key]),
-                                "batch": {n: [int(x) for x in v] for n, v in batch[Batch.COUNTS].items()},
+                                "batch": {n: [int(x) for x in v] for n, v in batch[t.counts_key].items()},
                                 "skipped": {}}
     if summary[SavePoint.MIX] is not None:
         tokens, documents, passes, exhausted, era_base = summary[SavePoint.MIX]

@@ -18,7 +18,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional
 from torch.utils.data import IterableDataset, get_worker_info
 
 from ..base import StateError
-from .elastic import CARRY, apply_carry
+from .elastic import CARRY, apply_carry, build_shard, check_elastic
 from .snapshot import WholeState
 from .wire import WireBatch, public_batch
 from .wire_ring import BatchRing
@@ -71,6 +71,7 @@ class NodeDataset(IterableDataset):
         # Passed to the workers when they start (fork or spawn), then shared.
         self._round_cell = multiprocessing.RawValue("q", 0)
         self._elastic: Optional[Dict[str, Any]] = None
+        self._sources: Optional[List[str]] = None
         self._root = None
         self._root_round: Optional[int] = None
         self._active_round = 0
@@ -101,6 +102,14 @@ class NodeDataset(IterableDataset):
     @elastic.setter
     def elastic(self, value: Optional[Dict[str, Any]]) -> None:
         self._elastic, self._root = value, None  # graphs are built with their plan
+
+    def source_names(self) -> List[str]:
+        """The sources of the graph, in its order, once it is known to continue on another topology
+        (`elastic.check_elastic`: ValueError naming the node that cannot). Built once, in this process."""
+        if self._sources is None:
+            self._sources = check_elastic(self.factory(ShardContext(self.rank, self.world_size, 0, self.num_workers,
+                                                                    self.round)))
+        return self._sources
 
     def _context(self, round_: int) -> ShardContext:
         info = get_worker_info()
@@ -140,7 +149,7 @@ class NodeDataset(IterableDataset):
         try:
             ctx = self._context(round_)
             if self._root is None or self._root_round != round_:
-                self._root = self.factory(ctx)
+                self._root = build_shard(self.factory, ctx)
                 self._root_round = round_
             self._root.reset(node_state)
             if node_state is None and ctx.elastic is not None:

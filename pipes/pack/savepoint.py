@@ -91,6 +91,11 @@ def reader_states(node: Any, state: Optional[Mapping[str, Any]]) -> Iterator[Tup
         yield from reader_states(parents[0], None if state is None else state[key])
 
 
+def _first(node: Any, roles: Tuple[str, ...]) -> Any:
+    """The first node above ``node`` (itself excluded) with one of ``roles``, or None."""
+    return next((n for n in walk(node) if n is not node and role_of(n) in roles), None)
+
+
 def branch_counts(branch: Any) -> List[int]:
     """The counters a branch carries over an elastic resume (`graph.Branch`), none for another node."""
     return branch.counters_as_ints() if isinstance(branch, Branch) else []
@@ -157,9 +162,10 @@ class SavePoint:
             self.index[name] = len(self.names)
             self.names.append(name)
             self.readers.append(reader)
-            branch = next((b for b in branches if any(p is reader for p in parents_of(b))), None)
+            # through any pass-through nodes between them (a user's filter, a torchdata Mapper)
+            branch = next((b for b in branches if _first(b, (READER,)) is reader), None)
             self.branches.append(branch)
-            self.pieces.append(next((p for p in pieces if any(q is (branch or reader) for q in parents_of(p))), None))
+            self.pieces.append(next((p for p in pieces if _first(p, (BRANCH, READER)) is (branch or reader)), None))
         self._found = True
 
     def count(self) -> int:
