@@ -208,7 +208,7 @@ def _time_window(loader, warmup: int, n: int, tokens=None, tokenized=None) -> di
 
 
 def _tokenizer_threads_on(worker_id: int) -> None:
-    os.environ["TOKENIZERS_PARALLELISM"] = "true"  # undo the worker's default (pipes/loader/worker_threads.py)
+    os.environ["TOKENIZERS_PARALLELISM"] = "true"  # undo the worker's default (pipes/tokenizer_threads.py)
 
 
 def task_pretrain(workers: int, warmup: int, n: int, prefetch: int = 0, tok_threads: bool = False) -> dict:

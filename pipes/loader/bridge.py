@@ -47,7 +47,7 @@ from .snapshot import keep_snapshots_flat, nested_snapshot
 from .wire_ring import make_rings, uses_fork
 from .worker_memory import settle_worker_malloc
 from .worker_start import WORKER_START
-from .worker_threads import single_thread_tokenizers
+from ..tokenizer_threads import single_thread_tokenizers
 
 #: Bumped whenever the layout of a saved state changes incompatibly.
 #: 2: per-source skipped counts in the statistics; best-fit max_wait = buffer_size.
@@ -717,7 +717,7 @@ def _identity(x):
 class WorkerInit:
     """Runs in each worker process before the user's ``worker_init_fn``: exit with the training
     process (worker_parent.py), flat memory (worker_memory.py) and one tokenizing thread per
-    worker (worker_threads.py)."""
+    worker (pipes/tokenizer_threads.py)."""
 
     def __init__(self, user: Optional[Callable[[int], None]]):
         self.user = user

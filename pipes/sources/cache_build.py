@@ -37,7 +37,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from ..check_args import per_source as setting_per_source
-from ..loader.worker_threads import single_thread_tokenizers
+from ..tokenizer_threads import single_thread_tokenizers
 from ..tokenizer import Encoder, load_encoder
 from .cache_format import (FORMAT, K_CACHE, K_CACHE_BYTES, K_DOCUMENTS, K_FILES, K_FORMAT, K_SOURCE,
                            K_TOKENS, K_VERSION, VERSION, WRITER_OPTIONS, UnitTexts, cache_files, dtype_for, file_entry,
@@ -80,7 +80,7 @@ _WORK: Dict[str, Any] = {}
 
 
 def _init(plans: List[SourcePlan], encoder: Encoder, dtype: str) -> None:
-    single_thread_tokenizers()  # the processes are the parallelism (worker_threads.py)
+    single_thread_tokenizers()  # the processes are the parallelism (pipes/tokenizer_threads.py)
     _WORK.update(plans=plans, encoder=encoder, dtype=dtype, texts={})
 
 
