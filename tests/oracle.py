@@ -522,17 +522,33 @@ class Oracle:
                 for doc, start, _ in self.orphans]
         owner: Dict[int, int] = {}
 
-        def place(i: int, seen: set) -> bool:
-            for j in fits[i]:
-                if j not in seen:
+        def place(i: int) -> bool:
+            """An augmenting path from continuation ``i`` (Kuhn's), with an explicit stack: thousands of
+            one-token starts (sft at T=2) made the recursive form exceed Python's recursion limit."""
+            seen: set = set()
+            stack = [(i, iter(fits[i]))]
+            via: List[int] = []  # the start each level took
+            while stack:
+                k, options = stack[-1]
+                for j in options:
+                    if j in seen:
+                        continue
                     seen.add(j)
-                    if j not in owner or place(owner[j], seen):
-                        owner[j] = i
+                    if j not in owner:
+                        for (level, _), start in zip(stack, via + [j]):  # flip the path
+                            owner[start] = level
                         return True
+                    via.append(j)
+                    stack.append((owner[j], iter(fits[owner[j]])))
+                    break
+                else:
+                    stack.pop()
+                    if via:
+                        via.pop()
             return False
 
         for i, (doc, start, where) in enumerate(self.orphans):
-            if not place(i, set()):
+            if not place(i):
                 self._err(where, f"document {doc} continues at offset {start}, and no start piece is left for it")
         if complete:
             for j, (toks, where, _, _) in enumerate(self.floating):
