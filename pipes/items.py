@@ -10,6 +10,14 @@ from typing import Any, NamedTuple, Optional, Sequence
 
 import numpy as np
 
+#: Where a graph puts its worker's statistics in a batch (stats.py); tokenloom's loader takes them
+#: out before the batch reaches the training loop (they travel as `LoaderBatch.stats`).
+STATS_KEY = "_tokenloom_stats"
+#: A "batch" holding only this key (and statistics) is dropped by the loader after it took
+#: the statistics: how a worker reports what it dropped (a final partial batch) without
+#: the training loop seeing it.
+DROP_KEY = "_tokenloom_drop"
+
 
 class Doc(NamedTuple):
     """A document as read: its payload and where it came from.

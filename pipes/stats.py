@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, Optional, Sequence
 
 from .base import Node
-from .loader.bridge import STATS_KEY
+from .items import STATS_KEY
 from .roles import PASS
 
 

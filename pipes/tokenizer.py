@@ -231,6 +231,14 @@ def _hash(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 
+def demo_tokenizer_path() -> str:
+    """Path of the shipped demo tokenizer, ``tokenloom/data/tokenizer.json`` (a 4096-id byte-level BPE),
+    found as the package's data (no import of the package's code)."""
+    from importlib.resources import files
+
+    return str(files("tokenloom") / "data" / "tokenizer.json")
+
+
 def load_encoder(tokenizer: Any) -> Encoder:
     """Accept a path to ``tokenizer.json``, a tokenizer directory, ``"demo"``, a tiktoken
     encoding name, a `tokenizers.Tokenizer`, a `tiktoken.Encoding`, or an `Encoder`;
@@ -240,9 +248,7 @@ def load_encoder(tokenizer: Any) -> Encoder:
     if isinstance(tokenizer, (str, os.PathLike)):
         path = os.fspath(tokenizer)
         if path == DEMO_TOKENIZER:
-            from tokenloom.sample_data import default_tokenizer_path
-
-            path = default_tokenizer_path()
+            path = demo_tokenizer_path()
         elif os.path.isdir(path):
             return _load_directory(path)
         elif not os.path.exists(path) and _is_name(path):

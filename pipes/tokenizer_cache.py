@@ -67,6 +67,10 @@ def cache_root() -> Optional[str]:
     return os.path.join(base, "tokenloom")
 
 
+#: The modules whose code decides a verdict (beside this one): an entry is kept per version of them.
+DECIDING_CODE = ("tiktoken_bpe.py", "tokenizer.py")
+
+
 def _decider() -> str:
     """What the verdict and the facts depend on besides the file: a change of any is another key."""
     import tokenizers
@@ -76,11 +80,10 @@ def _decider() -> str:
         tiktoken_version = tiktoken.__version__ if hasattr(tiktoken, "__version__") else "?"
     except ImportError:
         tiktoken_version = "absent"
-    from . import tiktoken_bpe, tokenizer
-
     code = hashlib.sha256()
-    for module in (tiktoken_bpe, tokenizer):
-        with open(module.__file__, "rb") as f:
+    here = os.path.dirname(os.path.abspath(__file__))
+    for module in DECIDING_CODE:  # read as files: importing them would run the loader's code both ways
+        with open(os.path.join(here, module), "rb") as f:
             code.update(f.read())
     return f"{FORMAT}|{tokenizers.__version__}|{tiktoken_version}|{code.hexdigest()}"
 

@@ -358,7 +358,9 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 4096):
 
 def default_tokenizer_path() -> str:
     """Path of the shipped ``tokenloom/data/tokenizer.json`` (4096-id byte-level BPE)."""
-    return str(Path(__file__).resolve().parent / "data" / "tokenizer.json")
+    from tokenloom.pipes.tokenizer import demo_tokenizer_path
+
+    return demo_tokenizer_path()
 
 
 def _training_sample(budget_chars: int) -> List[str]:

@@ -41,16 +41,8 @@ from typing import Any, List, Optional, Tuple
 import numpy as np
 import torch
 
-
+from ..items import DROP_KEY, STATS_KEY  # noqa: F401 (the keys a graph's batches carry; re-exported)
 from . import wire_ring
-
-#: Where a graph puts its worker's statistics in a batch (stats.py); tokenloom's loader takes them
-#: out before the batch reaches the training loop (they travel as `LoaderBatch.stats`).
-STATS_KEY = "_tokenloom_stats"
-#: A "batch" holding only this key (and statistics) is dropped by the loader after it took
-#: the statistics: how a worker reports what it dropped (a final partial batch) without
-#: the training loop seeing it.
-DROP_KEY = "_tokenloom_drop"
 
 
 #: Marks a batch whose arrays were in shared memory a newer iterator replaced (raised where the

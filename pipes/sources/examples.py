@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from ..base import Node
-from ..loader.bridge import DROP_KEY
+from ..items import DROP_KEY
 from ..shard import ShardUnits, WorkSlice
 from .text_files import UnitCursor
 

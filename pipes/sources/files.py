@@ -79,25 +79,30 @@ MANIFEST_NAME = "_tokenloom_index.json"
 #: Per-process copies of remote filesystems, by id of the original (kept alive here), made in forked processes.
 _PROCESS_FS: Dict[int, Tuple[pafs.FileSystem, pafs.FileSystem]] = {}
 _PROCESS_FS_LOCK = threading.Lock()  # read-ahead threads open files at once: one copy each
-_FORKED = [False]
+#: The process that imported this module, which lists the sources: another one is forked from it (or
+#: from a process forked from it) and must not share its filesystems' connections. Told by the pid, not
+#: a fork hook, so that importing tokenloom registers nothing.
+_LISTING_PID = os.getpid()
+_COPIES_PID = [_LISTING_PID]  # the process _PROCESS_FS and its lock belong to
 
 
-def _after_fork() -> None:
+def _own_copies() -> None:
+    """In a process forked since the copies were made: a fresh table and lock (a lock held by another
+    thread at the fork would stay held here for ever)."""
     global _PROCESS_FS_LOCK
-    _PROCESS_FS.clear()
-    _PROCESS_FS_LOCK = threading.Lock()
-    _FORKED[0] = True
-
-
-os.register_at_fork(after_in_child=_after_fork)
+    if _COPIES_PID[0] != os.getpid():
+        _PROCESS_FS.clear()
+        _PROCESS_FS_LOCK = threading.Lock()
+        _COPIES_PID[0] = os.getpid()
 
 
 def process_fs(fs: pafs.FileSystem) -> pafs.FileSystem:
     """``fs``, or in a forked process (a loader worker) this process's own copy of it: a remote
     filesystem's pooled connections must not be shared with the parent or siblings (module docstring).
     Local filesystems hold no connections and are returned as they are."""
-    if not _FORKED[0] or fs.type_name == "local":
+    if os.getpid() == _LISTING_PID or fs.type_name == "local":
         return fs
+    _own_copies()
     with _PROCESS_FS_LOCK:
         hit = _PROCESS_FS.get(id(fs))
         if hit is None or hit[0] is not fs:

@@ -40,6 +40,7 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Seque
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ..process_hooks import at_fork
 from ..shard import ShardUnits, WorkSlice
 from .readahead import DEPTH, Key, _parts, _pool, _read_range, budget_for, chunk_ranges
 from . import unit_readahead
@@ -125,6 +126,8 @@ class FirstFetches:
         self.handles: Optional[Dict[int, Any]] = dict(handles) if handles else None
         self._close_when_idle = False
         self._owner = os.getpid()
+        at_fork("first_fetches", before=_before_fork, after_in_parent=_after_fork_in_parent,
+                after_in_child=_after_fork_in_child)
         with _LIVE_LOCK:
             _FIRST_LIVE.add(self)
         self.add(items)
@@ -396,5 +399,3 @@ def _after_fork_in_child() -> None:
     global _LIVE_LOCK
     _LIVE_LOCK = threading.Lock()
 
-
-os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child)

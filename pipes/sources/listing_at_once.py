@@ -30,7 +30,6 @@ until the workers have forked, as the fetched units would have been.
 
 from __future__ import annotations
 
-import atexit
 import io
 import itertools
 import os
@@ -42,6 +41,7 @@ from typing import Any, Callable, Deque, Iterator, Optional, Sequence, Tuple, Ty
 
 import pyarrow as pa
 
+from ..process_hooks import at_exit, at_fork
 from .files import SourceFile
 
 #: Files of a remote source listed at once (each costs round trips to the store).
@@ -179,12 +179,11 @@ def _after_fork_in_child() -> None:
     _READS, _READS_LOCK = None, threading.Lock()
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
-
 
 def read_pool() -> ThreadPoolExecutor:
     """This process's threads for `blocks_at_once` (``LIST_THREADS``; a forked child makes its own)."""
     global _READS
+    at_fork("listing_reads", after_in_child=_after_fork_in_child)
     with _READS_LOCK:
         if _READS is None:
             _READS = ThreadPoolExecutor(LIST_THREADS, thread_name_prefix="tokenloom-reads")
@@ -207,6 +206,7 @@ class InOrder(io.RawIOBase):
         self._blocks = blocks_at_once(handle, size, read_pool(), bom=False)
         self._buf = memoryview(b"")
         self._end = False
+        at_exit("listing_streams", _close_open)
         _OPEN.add(self)
 
     def readable(self) -> bool:
@@ -236,7 +236,6 @@ class InOrder(io.RawIOBase):
 _OPEN: "weakref.WeakSet[InOrder]" = weakref.WeakSet()
 
 
-@atexit.register
 def _close_open() -> None:
     for stream in list(_OPEN):
         stream.close()

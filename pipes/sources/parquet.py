@@ -61,6 +61,7 @@ from ..shard import ShardUnits, WorkSlice
 from .files import FileChangedError, FileUnits, OpenFiles, SourceFile, sft_advice
 from .listing_at_once import each_file
 from .first_fetches import FirstFetches
+from .parquet_footer import MAGIC, TAIL_BYTES, footer_bytes  # noqa: F401 (MAGIC, TAIL_BYTES re-exported)
 from .readahead import RowGroupReadAhead, budget_for
 from .text_files import CursorReader, SkipCount, UnitCursor
 
@@ -124,32 +125,6 @@ class Footer:
     handle: Any = field(default=None, compare=False, repr=False)  # a remote file as listing opened it
 
 
-#: Bytes read from a file's end to find its footer: pyarrow's own first read (one round trip on S3).
-TAIL_BYTES = 64 << 10
-MAGIC = b"PAR1"
-
-
-def _footer_bytes(handle: Any, size: int) -> bytes:
-    """The footer, its length and the closing magic: the last ``len + 8`` bytes of the file."""
-    tail_len = min(size, TAIL_BYTES)
-    handle.seek(size - tail_len)
-    tail = handle.read(tail_len)
-    if len(tail) < 8 or tail[-4:] != MAGIC:
-        handle.seek(0)
-        head = handle.read(4)
-        if head != MAGIC:
-            raise ValueError(f"it neither starts nor ends with the parquet magic {MAGIC!r} (its first bytes are "
-                             f"{head!r}), so it is not a parquet file")
-        raise ValueError(f"it starts like a parquet file but does not end with {MAGIC!r}")
-    need = int.from_bytes(tail[-8:-4], "little") + 8
-    if need > size:
-        raise ValueError(f"its footer length ({need - 8} bytes) is larger than the file")
-    if need > len(tail):
-        handle.seek(size - need)
-        tail = handle.read(need)
-    return tail[-need:]
-
-
 def read_footer(f: SourceFile) -> Footer:
     """Read ``f``'s footer once (one read of its last 64 KiB, as pyarrow does); an unreadable
     one is a `ValueError` naming the file."""
@@ -157,7 +132,7 @@ def read_footer(f: SourceFile) -> Footer:
     handle = None
     try:
         handle = f.open()
-        raw = _footer_bytes(handle, handle.size())
+        raw = footer_bytes(handle, handle.size())
         if not remote:
             handle.close()
         meta = pq.ParquetFile(pa.BufferReader(raw)).metadata

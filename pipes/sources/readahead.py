@@ -64,7 +64,6 @@ same tokens/s with read-ahead forced on as without (1.07x best, 0.95x within rou
 
 from __future__ import annotations
 
-import atexit
 import bisect
 import logging
 import os
@@ -79,6 +78,9 @@ from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, Iterable, Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from ..process_hooks import at_exit, at_fork
+from .parquet_footer import footer_bytes
 
 if TYPE_CHECKING:
     from .first_fetches import FirstFetches
@@ -178,8 +180,14 @@ _POOL_LOCK = threading.Lock()
 _WAITING: "weakref.WeakSet[RowGroupReadAhead]" = weakref.WeakSet()
 
 
+def _hooks() -> None:
+    at_exit("readahead", _shutdown)
+    at_fork("readahead", after_in_child=_after_fork)
+
+
 def _pool() -> _Pool:
     global _POOL
+    _hooks()
     with _POOL_LOCK:
         if _POOL is None or _POOL.pid != os.getpid():
             _POOL = _Pool(THREADS)
@@ -202,15 +210,9 @@ def _shutdown() -> None:
         t.join(max(0.0, deadline - time.monotonic()))
 
 
-atexit.register(_shutdown)
-
-
 def _after_fork() -> None:
     global _POOL, _POOL_LOCK, _WAITING
     _POOL, _POOL_LOCK, _WAITING = None, threading.Lock(), weakref.WeakSet()
-
-
-os.register_at_fork(after_in_child=_after_fork)
 
 
 def _in_loader_worker() -> bool:
@@ -311,11 +313,9 @@ class _At:
 
 def _file_meta(handle: Any, raw: Optional[bytes] = None) -> Tuple[pq.FileMetaData, int]:
     """The file's metadata (from ``raw``, its footer as listing read it, else read now) and size."""
-    from .parquet import _footer_bytes  # parquet.py imports this module
-
     size = handle.size()
     if not raw:
-        raw = _footer_bytes(_At(handle), size)
+        raw = footer_bytes(_At(handle), size)
     return pq.ParquetFile(pa.BufferReader(raw)).metadata, size
 
 
@@ -443,6 +443,7 @@ class RowGroupReadAhead:
         if _in_loader_worker():
             self._start()
         else:
+            _hooks()
             with _POOL_LOCK:
                 _WAITING.add(self)
 
