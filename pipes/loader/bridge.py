@@ -27,115 +27,30 @@ the current round; keep one iterator to continue a stream.
 from __future__ import annotations
 
 import copy
-import hashlib
-import json
 import warnings
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from ..check_args import per_source_changes
+from ..tokenizer_threads import single_thread_tokenizers
+from . import envelope
+from .config_check import CONFIG_CHECKS, CONFIG_HINTS, TOPOLOGY, check_config  # noqa: F401 (re-exported)
 from .direct_queue import direct_context
-from .fetch_ahead import FetchAhead
 from .elastic import (CARRY, OldShard, apply_carry, build_shard, plan_shards, read_old_shards, trimmed,
                       worker_trees)
+from .envelope import (DIGEST, KEY_PREFIX, STATE_FORMAT, STATE_VERSION, decode_state,  # noqa: F401 (re-exported)
+                       decode_with_digest, digest_of, encode_state, lineage_of)
+from .fetch_ahead import FetchAhead
 from .node_dataset import GraphFactory, NodeDataset, ShardContext  # noqa: F401 (re-exported)
-from ..sources.fingerprint import check_sources
-from .wire import DROP_KEY, STALE_KEY, STALE_MESSAGE, STATS_KEY, WireBatch, public_batch  # noqa: F401 (re-exported)
 from .snapshot import keep_snapshots_flat, nested_snapshot
+from .wire import DROP_KEY, STALE_KEY, STALE_MESSAGE, STATS_KEY, WireBatch, public_batch  # noqa: F401 (re-exported)
 from .wire_ring import make_rings, uses_fork
 from .worker_memory import settle_worker_malloc
 from .worker_start import WORKER_START
-from ..tokenizer_threads import single_thread_tokenizers
-
-#: Bumped whenever the layout of a saved state changes incompatibly.
-#: 2: per-source skipped counts in the statistics; best-fit max_wait = buffer_size.
-#: 3: the round's phase (data / padding / over) is saved.
-#: 4: the best-fit buffer ramps up and is bounded in tokens (buffer_tokens); crop starts rows with long documents.
-#: 5: no segment starts in a row's label slot (flat, bestfit); the run's history (lineage) is saved.
-#: 6: packers record their save point (pack/savepoint.py): an elastic resume reads no old shard again.
-#: 7: with several sources, bestfit mixes long documents in pieces (pieces.py): a Pieces node above each branch.
-STATE_VERSION = 7
-STATE_FORMAT = "tokenloom.loader"
-
 
 # torchdata's own key for "this iterator ran to its end" (stateful_dataloader.py).
 _ITERATOR_FINISHED = "_iterator_finished"
-
-
-#: What to tell the user when a setting differs from the one the state was saved with.
-CONFIG_HINTS = {
-    "world_size": "positions are per rank; resume with the same number of ranks, or pass load_state_dict the list "
-                  "of every old rank's state, [state, ...], to continue on this topology (elastic resume)",
-    "num_workers": "data is sharded per loader worker; pass the same num_workers to resume exactly, or pass "
-                   "load_state_dict the list of every old rank's state, [state, ...], to continue with these workers "
-                   "(elastic resume)",
-    "seq_len": "rows are packed for one sequence length; resume with the same seq_len",
-    "batch_size": "pass the same batch_size (positions count rows per batch)",
-    "sources": "the files changed (names or sizes); resume on the same files, or start without the state",
-    "tokenizer": "the tokenizer changed; resume with the same tokenizer, or start without the state",
-    "packing": "pass the same packing mode",
-    "buffer_size": "pass the same buffer_size",
-    "buffer_tokens": "pass the same buffer_tokens",
-    "seed": "pass the same seed",
-    "rank": "each rank must load its own state",
-    "epochs": "pass the same epochs",
-    "max_wait": "pass the same max_wait (how long a buffered document may wait decides the rows)",
-    "weights": "pass the same weights, or pass allow_weight_change=True to load_state_dict to switch mixtures at this point",
-    "source_order": "the order of the sources decides the mix's ties and the sequence; pass them in the saved order",
-    "text": "documents are read from this column (text files: split this way); pass the saved text_column= "
-            "(sft: messages_field=) and text_mode=, per source as {name: value} where they differ",
-}
-
-
-#: Settings whose comparison says more than "differs": the sources name the files that changed
-#: (and warn about text files with new modification times); the text column and mode, recorded per
-#: source where the sources differ ({name: "column=... mode=..."}), name the sources whose changed.
-#: A check returns the problems (empty: none), or None to leave the comparison to `check_config`.
-CONFIG_CHECKS: Dict[str, Callable[[Any, Any], Optional[List[str]]]] = {
-    "sources": lambda old, new: ([f"sources: {p}" for p in check_sources(old, new)]
-                                 if isinstance(old, Mapping) and isinstance(new, Mapping) else None),
-    "text": lambda old, new: per_source_changes("text", old, new, CONFIG_HINTS["text"]),
-}
-
-
-def check_config(saved: Mapping[str, Any], current: Mapping[str, Any], *, ignore: tuple = ()) -> None:
-    """Raise `ValueError` naming every setting that differs between a saved state and this loader.
-
-    What the user changed comes first: a setting the recipe derives from others when it is not
-    given (pretrain's and sft's ``buffer_tokens`` from ``seq_len``, ``packing`` and ``buffer_size``,
-    recipes/packed.py; ``buffer_size``, None under ``packing="flat"``) is told on the line of the
-    setting it follows from, as a consequence, rather than as a change of its own."""
-    derived = {"buffer_tokens": ("seq_len", "packing", "buffer_size"), "buffer_size": ("packing",),
-               "max_wait": ("buffer_size", "packing")}
-    found: Dict[str, List[str]] = {}
-    for key in sorted(set(saved) | set(current)):
-        if key in ignore:
-            continue
-        old, new = saved.get(key, "<absent>"), current.get(key, "<absent>")
-        check = CONFIG_CHECKS.get(key)
-        lines = check(old, new) if check is not None else None
-        if lines is None:
-            lines = [] if old == new else [
-                f"{key}: saved with {old!r}, this loader has {new!r} ({CONFIG_HINTS.get(key, 'use the saved value')})"]
-        if lines:
-            found[key] = lines
-
-    def follows(key: str, cause: str) -> bool:
-        # buffer_size changes with packing only to or from flat (None); buffer_tokens with any of its causes
-        return cause in found and (key != "buffer_size" or None in (saved.get(key), current.get(key)))
-
-    causes = {key: [c for c in derived.get(key, ()) if follows(key, c)] for key in found}
-    problems = []
-    for key, lines in found.items():
-        if causes[key]:
-            continue  # told on its cause's line
-        told = [f"{k} differs as a consequence: saved with {saved.get(k, '<absent>')!r}, this loader has "
-                f"{current.get(k, '<absent>')!r}" for k in found if causes[k] and causes[k][0] == key]
-        problems += lines[:-1] + [lines[-1] + "".join(f" ({t})" for t in told)]
-    if problems:
-        raise ValueError("cannot load this loader state, the configuration changed:\n  " + "\n  ".join(problems))
 
 
 class TokenLoomLoader(StatefulDataLoader):
@@ -145,11 +60,11 @@ class TokenLoomLoader(StatefulDataLoader):
     ``config`` is the plain dict of settings a saved state must match.
     """
 
-    META = "tokenloom"
-    LOADER = "loader"
+    META = envelope.META
+    LOADER = envelope.LOADER
     VERSION = "version"
     FORMAT = "format"
-    CONFIG = "config"
+    CONFIG = envelope.CONFIG
     ROUND = "round"
     STATS = "stats"
     PADDING_BATCHES = "padding_batches"
@@ -451,10 +366,10 @@ class TokenLoomLoader(StatefulDataLoader):
         if not states:
             raise ValueError("load_state_dict([]): an elastic resume needs the state of every old rank; got none")
         factory = self.dataset.factory
-        pairs = [_decode(s) for s in states]
+        pairs = [decode_with_digest(s) for s in states]
         decoded = [d for d, _ in pairs]
         # The digests each state's check computed, for the new history's id (a nested state: computed here).
-        digests = {id(d): digest if digest is not None else _digest(d[self.META], d[self.LOADER]) for d, digest in pairs}
+        digests = {id(d): digest if digest is not None else digest_of(d[self.META], d[self.LOADER]) for d, digest in pairs}
         metas = [d[self.META] for d in decoded]
         for meta in metas:
             self._check_meta(meta, allow_weight_change, topology=False)
@@ -548,77 +463,6 @@ class TokenLoomLoader(StatefulDataLoader):
             held.append((int(meta[self.CONFIG]["rank"]), worker_trees(inner) if inner else {}, meta[self.ELASTIC]))
         return read_old_shards(self.dataset.factory, held, names=self.dataset.source_names(), round_=round_,
                                world=world, workers=workers, context=ShardContext)
-
-
-#: The key of a loader's entry in its state dict: ``tokenloom_rank_<data rank>``.
-KEY_PREFIX = "tokenloom_rank_"
-DIGEST = "digest"
-
-
-def lineage_of(*parts: Any) -> str:
-    """A run history's id, derived from what it continued (the states' digests, the new topology
-    or weights): every new rank loads the same list, so all derive the same id."""
-    text = json.dumps(parts, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
-
-
-def _digest(meta: Any, inner: Any) -> str:
-    text = json.dumps([meta, inner], sort_keys=True, separators=(",", ":"), allow_nan=False)
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
-
-
-def encode_state(state: Mapping[str, Any], rank: int) -> Dict[str, str]:
-    """The loader state as one JSON text under ``tokenloom_rank_<rank>``, with a digest.
-
-    Why one text and not the nested dict: ``torch.distributed.checkpoint`` flattens a
-    nested dict into one entry per leaf and keeps a single copy of every entry whose key
-    is the same on all ranks (it takes them for replicated values), so the ranks' positions
-    were mixed leaf by leaf; and a load asks the fresh loader for the structure to fill,
-    which is not the saved one. One entry per data rank is stored and loaded whole. The
-    digest (sha256 over the state) refuses a state that was edited or stitched together.
-    Cost: a JSON dump and a hash per call, ~0.1 ms for a 13 KB state.
-    """
-    meta, inner = state[TokenLoomLoader.META], state[TokenLoomLoader.LOADER]
-    body = {TokenLoomLoader.META: meta, TokenLoomLoader.LOADER: inner, DIGEST: _digest(meta, inner)}
-    return {f"{KEY_PREFIX}{int(rank)}": json.dumps(body, separators=(",", ":"), allow_nan=False)}
-
-
-def decode_state(state: Any) -> Dict[str, Any]:
-    """The nested state (``{"tokenloom": ..., "loader": ...}``) from what ``state_dict()``
-    returned, checking its digest; a nested state passes through unchanged."""
-    return _decode(state)[0]
-
-
-def _decode(state: Any) -> Tuple[Dict[str, Any], Optional[str]]:
-    """`decode_state` and the digest it checked (None for a nested state, which has none)."""
-    if isinstance(state, Mapping) and TokenLoomLoader.META in state and TokenLoomLoader.LOADER in state:
-        return dict(state), None
-    entries = {k: v for k, v in state.items() if str(k).startswith(KEY_PREFIX)} if isinstance(state, Mapping) else {}
-    if len(entries) != 1 or len(state) != 1:
-        what = f"keys {sorted(state)}" if isinstance(state, Mapping) else f"a {type(state).__name__}"
-        raise ValueError(f"not a tokenloom loader state ({what}); pass the dict returned by loader.state_dict() "
-                         f"(one key '{KEY_PREFIX}<rank>'), or for an elastic resume the list of every rank's")
-    (key, text), = entries.items()
-    try:
-        body = json.loads(text) if isinstance(text, (str, bytes)) else None
-    except json.JSONDecodeError as e:
-        raise ValueError(f"loader state {key!r} is not valid JSON ({e}); the checkpoint is damaged") from e
-    if not isinstance(body, dict) or set(body) != {TokenLoomLoader.META, TokenLoomLoader.LOADER, DIGEST}:
-        raise ValueError(f"loader state {key!r} holds {type(body).__name__} {sorted(body) if isinstance(body, dict) else ''}, "
-                         "not a tokenloom state; pass the dict returned by loader.state_dict()")
-    meta, inner = body[TokenLoomLoader.META], body[TokenLoomLoader.LOADER]
-    if _digest(meta, inner) != body[DIGEST]:
-        raise ValueError(f"loader state {key!r} does not match its digest: it was edited, damaged, or stitched "
-                         "together from several ranks' states; load each rank's own state_dict() unchanged")
-    config = meta.get(TokenLoomLoader.CONFIG, {}) if isinstance(meta, Mapping) else {}
-    if isinstance(config, Mapping) and "rank" in config and key != f"{KEY_PREFIX}{config['rank']}":
-        raise ValueError(f"loader state {key!r} holds the state of rank {config['rank']}; it was stored under "
-                         "another rank's key")
-    return {TokenLoomLoader.META: meta, TokenLoomLoader.LOADER: inner}, body[DIGEST]
-
-
-#: The settings an elastic resume may change.
-TOPOLOGY = ("world_size", "rank", "num_workers")
 
 
 class _StatsIterator:
