@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import io
 import itertools
-import os
 import threading
 import weakref
 from collections import deque
