@@ -33,7 +33,6 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Seque
 import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from ..tokenizer_threads import single_thread_tokenizers
 from . import envelope
 from .config_check import CONFIG_CHECKS, CONFIG_HINTS, TOPOLOGY, check_config  # noqa: F401 (re-exported)
 from .direct_queue import direct_context
@@ -42,11 +41,11 @@ from .elastic import (CARRY, OldShard, apply_carry, build_shard, plan_shards, re
 from .envelope import (DIGEST, KEY_PREFIX, STATE_FORMAT, STATE_VERSION, decode_state,  # noqa: F401 (re-exported)
                        decode_with_digest, digest_of, encode_state, lineage_of)
 from .fetch_ahead import FetchAhead
+from .iteration import StatsIterator, WorkerInit, identity
 from .node_dataset import GraphFactory, NodeDataset, ShardContext  # noqa: F401 (re-exported)
 from .snapshot import keep_snapshots_flat, nested_snapshot
 from .wire import DROP_KEY, STALE_KEY, STALE_MESSAGE, STATS_KEY, WireBatch, public_batch  # noqa: F401 (re-exported)
 from .wire_ring import make_rings, uses_fork
-from .worker_memory import settle_worker_malloc
 from .worker_start import WORKER_START
 
 # torchdata's own key for "this iterator ran to its end" (stateful_dataloader.py).
@@ -125,7 +124,7 @@ class TokenLoomLoader(StatefulDataLoader):
         with warnings.catch_warnings():
             # torchdata 0.11 calls a torch API that newer torch deprecates; not the user's concern.
             warnings.filterwarnings("ignore", message=".*set_vital.*")
-            super().__init__(dataset, batch_size=None, num_workers=num_workers, collate_fn=_identity,
+            super().__init__(dataset, batch_size=None, num_workers=num_workers, collate_fn=identity,
                              **loader_kwargs)
         self.config = dict(config)
         # The topology is part of every graph's configuration, a recipe's or one a user composed: a state
@@ -169,12 +168,12 @@ class TokenLoomLoader(StatefulDataLoader):
         self._fetch_ahead = FetchAhead.find()
         if self._resume_padding:
             self._resume_padding = False
-            return _StatsIterator(self, iter(()), padding=True)
+            return StatsIterator(self, iter(()), padding=True)
         if self._phase == self.OVER:
             self.dataset.round += 1
             self._next_round()
         self._phase, self._padding_inner = self.DATA, None
-        return _StatsIterator(self, super().__iter__())
+        return StatsIterator(self, super().__iter__())
 
     def _get_iterator(self):
         # Workers are forked in here: their rings must exist first. Fresh rings for fresh workers,
@@ -195,7 +194,7 @@ class TokenLoomLoader(StatefulDataLoader):
             if self.num_workers > 0:
                 self.dataset.armed = False  # its workers are forked: later forks are not tokenloom's
 
-    def _see(self, batch: Any, count: bool = True) -> Any:
+    def see(self, batch: Any, count: bool = True) -> Any:
         if isinstance(batch, dict) and STATS_KEY in batch:
             worker, *counters = batch.pop(STATS_KEY)
             self._worker_stats[str(worker)] = counters
@@ -204,6 +203,36 @@ class TokenLoomLoader(StatefulDataLoader):
         if count:
             self._steps += 1
         return batch
+
+    # --- what its iterator (iteration.py) tells it and asks -------------------------------------
+    @property
+    def generation(self) -> int:
+        """Bumped by iter() and load_state_dict(): an iterator made before refuses to continue."""
+        return self._generation
+
+    @property
+    def fetch_ahead(self) -> Optional[FetchAhead]:
+        """Set when a trainer's loop fetches ahead of its step (fetch_ahead.py)."""
+        return self._fetch_ahead
+
+    def round_over(self) -> None:
+        """The round reached the loop's end (a StopIteration): the next iter() starts the next round."""
+        self._phase = self.OVER
+
+    def data_over(self) -> None:
+        """This rank's data ended; it pads until every rank's has (rank_sync)."""
+        self._phase = self.PADDING
+
+    def padding_step(self) -> Any:
+        """A padding batch for the loop, counted."""
+        self._padding_batches += 1
+        self._round_padding += 1
+        return self._place(self.padding_batch())
+
+    def forget_iterator(self, it: Any) -> None:
+        """``it``'s workers were stopped: the next iter() starts fresh ones (persistent workers too)."""
+        if self._iterator is it:
+            self._iterator = None
 
     def _place(self, batch: Any) -> Any:
         """The batch on `batch_device` (Accelerate's), else as it is."""
@@ -263,10 +292,10 @@ class TokenLoomLoader(StatefulDataLoader):
         Iterated by a trainer's loop that fetches ahead of its step (Lightning's), the state is
         the one after the batch the step is on, not after the last batch fetched (fetch_ahead.py)."""
         if self._fetch_ahead is not None:
-            return self._fetch_ahead.state(self._encoded_state)
-        return self._encoded_state()
+            return self._fetch_ahead.state(self.encoded_state)
+        return self.encoded_state()
 
-    def _encoded_state(self) -> Dict[str, str]:
+    def encoded_state(self) -> Dict[str, str]:
         return encode_state(self._state(), int(self.config.get("rank", 0)))
 
     def _state(self) -> Dict[str, Any]:
@@ -463,114 +492,3 @@ class TokenLoomLoader(StatefulDataLoader):
             held.append((int(meta[self.CONFIG]["rank"]), worker_trees(inner) if inner else {}, meta[self.ELASTIC]))
         return read_old_shards(self.dataset.factory, held, names=self.dataset.source_names(), round_=round_,
                                world=world, workers=workers, context=ShardContext)
-
-
-class _StatsIterator:
-    """Passes batches through, taking out the statistics they carry; with a
-    ``rank_sync``, keeps every rank stepping until all ranks ran out (see rank_sync.py)."""
-
-    def __init__(self, loader: TokenLoomLoader, it: Iterator[Any], padding: bool = False):
-        self._loader, self._it = loader, it
-        self._local_done = padding  # this rank's data has ended: padding until every rank's has
-        self._ended = False
-        self._generation = loader._generation
-
-    def __iter__(self):
-        return self
-
-    def _next_kept(self):
-        while True:
-            try:
-                batch = next(self._it)
-            except StopIteration:
-                raise
-            except Exception:
-                self._stop_workers()
-                raise
-            if isinstance(batch, dict) and (STALE_KEY in batch or DROP_KEY in batch):
-                if STALE_KEY in batch:
-                    raise RuntimeError(STALE_MESSAGE)
-                self._loader._see(batch, count=False)
-                continue
-            return batch
-
-    def _end(self) -> None:
-        self._ended = True
-        self._loader._phase = self._loader.OVER
-
-    def _stop_workers(self) -> None:
-        # The graph failed: stop the workers now. Left to a later gc pass (the traceback holds
-        # the iterator in a cycle), the queues close first and the shutdown then waits 5 s per
-        # worker for an exit signal it can no longer send (10 s with 2 workers, measured).
-        shutdown = getattr(self._it, "_shutdown_workers", None)
-        if shutdown is not None:
-            shutdown()
-            if self._loader._iterator is self._it:
-                self._loader._iterator = None  # persistent workers: the next iter() starts fresh ones
-
-    def __next__(self):
-        ahead = self._loader._fetch_ahead
-        if ahead is None:
-            return self._next()
-        if not ahead.states:
-            ahead.keep(self._loader._encoded_state())
-        batch = self._next()
-        ahead.keep(self._loader._encoded_state())
-        return batch
-
-    def _next(self):
-        loader = self._loader
-        if self._generation != loader._generation:
-            # The loader's position now belongs to the newer iterator; going on here would
-            # share it (0 workers) or run a second stream beside it (workers), silently.
-            raise RuntimeError("this iterator is stale: iter(loader) or loader.load_state_dict() was called after "
-                               "it was made, and the loader's position now belongs to the newer iterator; "
-                               "keep using the iterator returned by the latest iter(loader)")
-        if self._ended:
-            raise StopIteration
-        if loader.rank_sync is None:
-            try:
-                return loader._see(self._next_kept())
-            except StopIteration:
-                self._end()
-                raise
-        batch = None
-        if not self._local_done:
-            try:
-                batch = self._next_kept()
-            except StopIteration:
-                self._local_done = True
-                loader._phase = loader.PADDING
-        if not loader.rank_sync.any_true(batch is not None):
-            self._end()
-            raise StopIteration
-        if batch is None:
-            loader._padding_batches += 1
-            loader._round_padding += 1
-            return loader._place(loader.padding_batch())
-        return loader._see(batch)
-
-    def __getattr__(self, name):  # state_dict(), _finished, ... of the underlying iterator
-        return getattr(self._it, name)
-
-
-def _identity(x):
-    return x
-
-
-class WorkerInit:
-    """Runs in each worker process before the user's ``worker_init_fn``: exit with the training
-    process (worker_parent.py), flat memory (worker_memory.py) and one tokenizing thread per
-    worker (pipes/tokenizer_threads.py)."""
-
-    def __init__(self, user: Optional[Callable[[int], None]]):
-        self.user = user
-
-    def __call__(self, worker_id: int) -> None:
-        from .worker_parent import exit_with_parent
-
-        exit_with_parent()  # first: a SIGKILLed training process must not leave its workers behind
-        settle_worker_malloc()
-        single_thread_tokenizers()
-        if self.user is not None:
-            self.user(worker_id)

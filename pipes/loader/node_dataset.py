@@ -159,7 +159,7 @@ class NodeDataset(IterableDataset):
                 raise
             # Raised here, in a worker's startup, the error would surface while the loader
             # builds its iterator, where tokenloom cannot reach the workers to stop them; at
-            # the first batch it passes through _StatsIterator, which does.
+            # the first batch it passes through StatsIterator (iteration.py), which does.
             self._failed = e
         self._active_round = round_
 
