@@ -403,12 +403,13 @@ def test_an_elastic_resume_carries_the_mixers_totals_at_the_save(ids_corpus):
     source's carried tokens went negative (a division by zero at the new mixer's next pick)."""
     from tokenloom.pipes.loader.bridge import decode_state
     from tokenloom.pipes.graph import MIX, PACKER, role_of, walk
+    from tokenloom.pipes.loader.elastic_entry import read_old_states
 
     build = make_builder(ids_corpus, mix="random", buffer_size=64)
     runs = old_run(build, 2, 0, steps=9)
     for r in range(2):
         state = decode_state(runs[r].final)
-        old = build(r, 2, 0)._old_shards([state], state["tokenloom"]["round"], 2, 0)[0]
+        old = read_old_states(build(r, 2, 0).dataset, [state], state["tokenloom"]["round"], 2, 0)[0]
         # the mixer as it stood at the save: the same state resumed and its packer replayed
         resumed = build(r, 2, 0)
         resumed.load_state_dict(runs[r].final)

@@ -21,12 +21,13 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import pytest
 
+from tokenloom.pipes.graph import role_of as _kind, walk as _nodes
 from tokenloom.pipes.loader import decode_state
 from tokenloom.pipes.loader.bridge import ShardContext
-from tokenloom.pipes.graph import role_of as _kind, walk as _nodes
 from tokenloom.pipes.loader.elastic import (CARRY, PREFIX, RESUME_EPOCH, ROUND, SOURCES, STEP, _merge, _share_of,
                                             _split, apply_carry, build_shard, counters_of, pack_slices, plan_shards,
                                             worker_trees)
+from tokenloom.pipes.loader.elastic_entry import read_old_states
 from tokenloom.pipes.shard import WorkSlice
 from tokenloom.recipes import sft
 
@@ -181,8 +182,8 @@ def replayed_plans(loader, states, world: int, workers: int) -> Dict[int, Dict[s
 def planned(loader, states, world: int, workers: int) -> Dict[int, Dict[str, Any]]:
     """Every new shard's plan as `load_state_dict` makes it now (from the save points)."""
     decoded, round_, old_world, old_workers, steps, last = _where(loader, states)
-    old = loader._old_shards(sorted(decoded, key=lambda d: int(d["tokenloom"]["config"]["rank"])), round_,
-                             old_world, old_workers)
+    old = read_old_states(loader.dataset, sorted(decoded, key=lambda d: int(d["tokenloom"]["config"]["rank"])),
+                          round_, old_world, old_workers)
     n = world * max(workers, 1)
     return plan_shards(old, loader.dataset.source_names(), new_shards=range(n), num_new=n, step=steps,
                        round_=round_, last_epoch=last)

@@ -36,8 +36,8 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from . import envelope
 from .config_check import CONFIG_CHECKS, CONFIG_HINTS, TOPOLOGY, check_config  # noqa: F401 (re-exported)
 from .direct_queue import direct_context
-from .elastic import (CARRY, OldShard, apply_carry, build_shard, plan_shards, read_old_shards, trimmed,
-                      worker_trees)
+from .elastic_entry import point_of, read_old_states
+from .elastic import CARRY, apply_carry, build_shard, plan_shards, trimmed, worker_trees
 from .envelope import (DIGEST, KEY_PREFIX, STATE_FORMAT, STATE_VERSION, decode_state,  # noqa: F401 (re-exported)
                        decode_with_digest, digest_of, encode_state, lineage_of)
 from .fetch_ahead import FetchAhead
@@ -59,23 +59,14 @@ class TokenLoomLoader(StatefulDataLoader):
     ``config`` is the plain dict of settings a saved state must match.
     """
 
-    META = envelope.META
-    LOADER = envelope.LOADER
-    VERSION = "version"
-    FORMAT = "format"
-    CONFIG = envelope.CONFIG
-    ROUND = "round"
-    STATS = "stats"
-    PADDING_BATCHES = "padding_batches"
-    STEPS = "steps"
-    EARLIER = "earlier_rounds"
-    PHASE = "phase"
-    ELASTIC = "elastic"
-    ROUND_PADDING = "round_padding"
-    LINEAGE = "lineage"
-    #: Where the current round stands: this rank still has data; this rank's data ended and
-    #: it yields padding batches until every rank's has (rank_sync); the round has ended.
-    DATA, PADDING, OVER = "data", "padding", "over"
+    #: The state's layout (envelope.py, docs/state.md).
+    META, LOADER, VERSION, FORMAT, CONFIG = envelope.META, envelope.LOADER, envelope.VERSION, envelope.FORMAT, \
+        envelope.CONFIG
+    ROUND, STATS, PADDING_BATCHES, STEPS, EARLIER = envelope.ROUND, envelope.STATS, envelope.PADDING_BATCHES, \
+        envelope.STEPS, envelope.EARLIER
+    PHASE, ELASTIC, ROUND_PADDING, LINEAGE = envelope.PHASE, envelope.ELASTIC, envelope.ROUND_PADDING, envelope.LINEAGE
+    #: Where the current round stands (envelope.py).
+    DATA, PADDING, OVER = envelope.DATA, envelope.PADDING, envelope.OVER
     #: Accelerate saves and loads this loader's own state_dict() with save_state/load_state
     #: (tokenloom/integrations/accelerate.py).
     use_stateful_dataloader = True
@@ -402,38 +393,7 @@ class TokenLoomLoader(StatefulDataLoader):
         metas = [d[self.META] for d in decoded]
         for meta in metas:
             self._check_meta(meta, allow_weight_change, topology=False)
-        first = metas[0][self.CONFIG]
-        old_world, old_workers = int(first["world_size"]), int(first["num_workers"])
-        ranks = sorted(int(m[self.CONFIG]["rank"]) for m in metas)
-        twice = sorted({r for r in ranks if ranks.count(r) > 1})
-        if twice:
-            raise ValueError(f"the states hold rank(s) {twice} more than once; pass each old rank's state once")
-        for m in metas:
-            c = m[self.CONFIG]
-            if (c["world_size"], c["num_workers"]) != (old_world, old_workers):
-                raise ValueError(f"the states come from different runs: rank {c['rank']} was saved with world_size="
-                                 f"{c['world_size']}, num_workers={c['num_workers']}, rank {first['rank']} with "
-                                 f"world_size={old_world}, num_workers={old_workers}")
-        histories: Dict[str, List[int]] = {}
-        for m in metas:
-            histories.setdefault(str(m[self.LINEAGE]), []).append(int(m[self.CONFIG]["rank"]))
-        if len(histories) > 1:
-            seen = "; ".join(f"rank(s) {sorted(r)} carry history {h or 'from the start'!r}" for h, r in histories.items())
-            raise ValueError(f"the states come from different runs: {seen}. An elastic resume or a change of weights "
-                             "starts a new history; pass the states every rank of one run saved at the same step")
-        missing = sorted(set(range(old_world)) - set(ranks))
-        if missing:
-            raise ValueError(f"the states of rank(s) {missing} are missing: the old run had world_size={old_world}; "
-                             "pass every old rank's state")
-        # The loop's step: batches with data plus padding batches (ranks pad in step on a finite epoch).
-        where = {(int(m[self.ROUND]), int(m[self.STEPS]) + int(m[self.ROUND_PADDING])) for m in metas}
-        phases = {m[self.PHASE] for m in metas}
-        if len(where) != 1 or (self.OVER in phases and len(phases) > 1):
-            seen = sorted((int(m[self.CONFIG]["rank"]), m[self.ROUND], m[self.STEPS] + m[self.ROUND_PADDING],
-                           m[self.PHASE]) for m in metas)
-            raise ValueError("the states were saved at different points of the run (rank, round, step, phase): "
-                             f"{seen}; pass the states every rank saved at the same step")
-        (round_, steps), = where
+        old_world, old_workers, round_, steps, phases = point_of(metas)
         rank, world = int(self.config["rank"]), int(self.config["world_size"])
         if (old_world, old_workers) == (world, self.num_workers):
             # The same topology: each rank's own state, exactly (bitwise) as a single dict.
@@ -458,8 +418,8 @@ class TokenLoomLoader(StatefulDataLoader):
         if phases == {self.OVER}:
             self.dataset.round, self.dataset.elastic = round_ + 1, None
         else:
-            old = self._old_shards([d for d in sorted(decoded, key=lambda d: int(d[self.META][self.CONFIG]["rank"]))],
-                                   round_, old_world, old_workers)
+            ranked = sorted(decoded, key=lambda d: int(d[self.META][self.CONFIG]["rank"]))
+            old = read_old_states(self.dataset, ranked, round_, old_world, old_workers)
             epochs = self.config.get("epochs")
             plans = plan_shards(old, self.dataset.source_names(), new_shards=range(rank * workers, (rank + 1) * workers),
                                 num_new=world * workers, step=steps, round_=round_,
@@ -475,20 +435,3 @@ class TokenLoomLoader(StatefulDataLoader):
                     self._worker_stats[str(w)] = [int(x) for x in root.counters()]
             self.dataset.fetch_first({})
         super().load_state_dict({})
-
-    def _old_shards(self, states: Sequence[Mapping[str, Any]], round_: int, world: int,
-                    workers: int) -> List[OldShard]:
-        """The old ranks' shards (``states``: decoded, in rank order) at their save points, read from
-        the states alone (elastic.py)."""
-        held = []
-        for state in states:
-            meta, inner = state[self.META], state[self.LOADER]
-            if inner.get("_steps_since_snapshot"):
-                raise ValueError(f"rank {int(meta[self.CONFIG]['rank'])}'s state was taken "
-                                 f"{inner['_steps_since_snapshot']} batches after its last worker snapshot "
-                                 "(snapshot_every_n_steps > 1): an elastic resume needs the position of every batch; "
-                                 "save with snapshot_every_n_steps=1 (the default)")
-            # {}: saved before the round started
-            held.append((int(meta[self.CONFIG]["rank"]), worker_trees(inner) if inner else {}, meta[self.ELASTIC]))
-        return read_old_shards(self.dataset.factory, held, names=self.dataset.source_names(), round_=round_,
-                               world=world, workers=workers, context=ShardContext)

@@ -23,8 +23,18 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 STATE_VERSION = 7
 STATE_FORMAT = "tokenloom.loader"
 
-#: The keys of the envelope's body and of its meta that the envelope itself reads.
-META, LOADER, CONFIG = "tokenloom", "loader", "config"
+#: The keys of the envelope's body: the meta and the inner StatefulDataLoader state.
+META, LOADER = "tokenloom", "loader"
+#: The keys of the meta: the format and version, the configuration a resume must match, the round, the
+#: statistics seen per worker, the padding batches (over the run and in this round), the loop's batches
+#: with data in this round, the counters of finished rounds, the round's phase, an elastic resume's plan
+#: (None without one) and the run's history (see docs/state.md).
+FORMAT, VERSION, CONFIG, ROUND, STATS = "format", "version", "config", "round", "stats"
+PADDING_BATCHES, ROUND_PADDING, STEPS, EARLIER = "padding_batches", "round_padding", "steps", "earlier_rounds"
+PHASE, ELASTIC, LINEAGE = "phase", "elastic", "lineage"
+#: The phases of a round: this rank still has data; its data ended and it yields padding batches until
+#: every rank's has (rank_sync); the round has ended.
+DATA, PADDING, OVER = "data", "padding", "over"
 
 
 #: The key of a loader's entry in its state dict: ``tokenloom_rank_<data rank>``.
