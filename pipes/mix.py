@@ -55,6 +55,27 @@ PRIOR_TOKENS = 256.0
 
 
 class Mix(Node[TokenDoc]):
+    """One stream from several tokenized sources, by the strategy and stop rule of the module docstring.
+
+    Args:
+        children: ``{name: node}``, each an endless stream of `TokenDoc` (the order is the mix's order).
+        weights: ``{name: weight}`` or a schedule ``[(step, {name: weight}), ...]`` (needs ``clock``).
+        strategy: ``"interleave"``, ``"random"``, ``"round_robin"``, ``"sequential"`` or ``"alternating"``.
+        unit: count shares in ``"tokens"`` or ``"documents"``.
+        stop: ``"never"``, ``"first_exhausted"`` or ``"all_exhausted"``; ``passes`` make a source exhausted.
+        cycle_exhausted: under ``"all_exhausted"``, exhausted sources keep cycling (else they drop out).
+        first_epoch: the epoch the first pass of every source carries.
+        pattern, burst: ``"alternating"``'s source names and documents per entry.
+        seed, shard: the random strategy's stream, derived from both.
+        clock: the `StepClock` a weights schedule reads (shared with the batcher).
+
+    State keys: ``CHILDREN`` (each child's state, by name), per source ``TOKENS`` and ``DOCUMENTS``
+    counted, ``PASSES`` completed and ``EXHAUSTED``; ``PICKS`` (the random strategy's counter),
+    ``CURSOR`` (round robin, sequential, alternating), ``ENDED``, the weights era (``ERA``,
+    ``ERA_BASE``: counts when the current weights began) and ``MIDWAY`` (per source, a document
+    handed out in part, in pieces).
+    """
+
     ROLE = MIX
     CHILDREN = "children"
     TOKENS = "tokens"

@@ -57,6 +57,20 @@ class Pretokenized:
 
 
 class Tokenize(BatchInFlight, Branch, Node[TokenDoc]):
+    """Documents to token ids, encoded in batches: ``[bos] ids [eos]`` per document, a `TokenDoc` each.
+
+    Args:
+        parent: a node of `Doc` (a reader); a ``Pretokenized`` text (a token cache) is passed through.
+        encoder: the `Encoder` that turns texts into ids.
+        bos, eos: token ids put before and after every document (None: none).
+        batch_docs, batch_chars: a batch ends at this many documents or characters.
+
+    State keys: ``PARENT`` (the reader's state at the current batch's start), ``EMITTED`` (documents
+    of that batch handed on; a restore re-reads the batch and skips them) and ``ENCODED`` (documents
+    encoded from text so far). A branch (role ``BRANCH``, pipes/graph.py): it carries ``ENCODED``
+    over an elastic resume.
+    """
+
     ROLE = BRANCH
     PARENT = "parent"
     EMITTED = "emitted"

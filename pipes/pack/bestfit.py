@@ -96,6 +96,26 @@ _NO_ROWS = np.zeros((0, 6), np.int64)
 
 
 class BestFitPack(Node[Row]):
+    """Rows of ``seq_len + 1`` tokens packed best-fit from a bounded buffer (module docstring).
+
+    Args:
+        parent: a node of `TokenDoc` (a branch, a mixer, pieces).
+        seq_len: a row holds ``seq_len + 1`` tokens (inputs and the shifted labels).
+        buffer_size: documents the buffer holds (documents arriving in pieces come on top, one a source).
+        pad_id: the id padding rows are filled with.
+        max_wait: pulls after which a buffered document is overdue (default ``buffer_size``).
+        mode: ``"bestfit"`` (nothing dropped) or ``"crop"`` (rows start with a document, never padded).
+        min_fill: the least gap ``bestfit`` cuts from a long document rather than padding.
+        buffer_tokens: tokens the buffer holds (default `resolve_buffer_tokens`).
+        ramp: let the token bound grow from one row's worth (the first rows come sooner).
+
+    State keys: ``PARENT`` (the parent's state at the replay window's start, document number
+    ``BASE``), ``PULLED`` (documents pulled), ``LIVE`` and ``CONSUMED`` (the buffered documents, as
+    offsets from ``BASE``, and the tokens of each delivered), ``ENDED``, ``STATS`` (the packing
+    statistics) and ``ELASTIC`` (the save point, pack/savepoint.py). A restore re-reads
+    ``[BASE, PULLED)`` and re-inserts the live documents: a position, never the buffer.
+    """
+
     ROLE = PACKER
     PARENT = "parent"
     BASE = "base"

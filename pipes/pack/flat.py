@@ -24,6 +24,19 @@ _NO_ROWS = np.zeros((0, 6), np.int64)
 
 
 class FlatPack(Node[Row]):
+    """Rows of ``seq_len + 1`` tokens, documents concatenated: rows may start mid-document; nothing is
+    padded but a stream's last row, nothing dropped.
+
+    Args:
+        parent: a node of `TokenDoc`.
+        seq_len: a row holds ``seq_len + 1`` tokens.
+        pad_id: the id the stream's last row is padded with.
+
+    State keys: ``PARENT`` (the parent's state before the current document), ``OFFSET`` (its tokens
+    already in rows), ``STATS`` (the packing statistics) and ``ELASTIC`` (the save point,
+    pack/savepoint.py). A restore re-reads the current document.
+    """
+
     ROLE = PACKER
     PARENT = "parent"
     OFFSET = "offset"
