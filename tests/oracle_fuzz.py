@@ -160,10 +160,12 @@ def draw(seed: int) -> Scenario:
     if rng.random() < 0.1:
         sc.seq_len = rng.choice([1, 2, 4, 8])
         if sc.chat:
-            # The oracle's blind spot, not the loader's: at T=1 a conversation's chunk [marker, word] shows
-            # only the marker (the word is the row's label, masked as a user's), which names no conversation
-            # among several open ones (seed 20324). Conversations are drawn down to T=2.
-            sc.seq_len = max(sc.seq_len, 2)
+            # The oracle's blind spot, not the loader's (the same on the code before issue 34): a chunk whose
+            # inputs are markers only and whose one word is its label, masked as a user's, names no
+            # conversation among the open ones: [marker, word] at T=1 (seed 20324), [end, role, word] at T=2
+            # (seed 31773). Between two words a conversation has at most two markers, so from T=4 every
+            # chunk's inputs hold a word. Conversations are drawn down to T=4.
+            sc.seq_len = max(sc.seq_len, 4)
     if rng.random() < 0.15:  # every shard needs a row: refused with a clear error otherwise (test_bad_input.py)
         shards = max(h.world * max(h.workers, 1) for h in sc.hops)
         sc.sources = {n: (kind, max(rng.randint(1, 4), shards)) for n, (kind, _) in sc.sources.items()}
