@@ -53,7 +53,7 @@ def test_without_lightnings_fetcher_nothing_is_kept(corpus, tok_path, monkeypatc
     loop iterates), the loader saves its own position, as a plain training loop expects."""
     loader = build_loader(corpus[0], tok_path)
     it = iter(loader)
-    assert loader._fetch_ahead is None
+    assert loader.fetch_ahead is None
     next(it)
     assert FetchAhead.find() is None
     pytest.importorskip("lightning.pytorch.loops.fetchers")
@@ -62,7 +62,7 @@ def test_without_lightnings_fetcher_nothing_is_kept(corpus, tok_path, monkeypatc
     fetcher = _fetched(build_loader(corpus[0], tok_path), "lightning.pytorch")
     for _ in range(3):
         next(fetcher)
-    assert fetcher.combined_loader.flattened[0]._fetch_ahead is None
+    assert fetcher.combined_loader.flattened[0].fetch_ahead is None
 
 
 def test_lightnings_fetcher_still_has_what_is_read_of_it():

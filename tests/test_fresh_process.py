@@ -55,3 +55,22 @@ def test_two_sources_mixed_in_pieces_resume_in_a_new_process(tmp_path, real_corp
     got = head + torch.load(tail, weights_only=True)
     for i, (want, have) in enumerate(zip(reference, got)):
         assert items_equal(want, have), f"batch {i} differs ({'after' if i >= k else 'before'} the resume)"
+
+
+def test_a_buffer_of_two_with_sources_in_pieces_resumes_in_a_new_process(tmp_path, real_corpus):
+    """Issue 34's setting (two sources in pieces, buffer_size=2, which never ended before): a state saved
+    mid-stream resumes in a new interpreter with 2 workers, bitwise."""
+    code, prose = real_corpus["code"][0], real_corpus["prose"][0]
+    k, n = 9, 6
+    loader = build({"code": code, "prose": prose}, 2, buffer_size=2)
+    it = iter(loader)
+    head = [next(it) for _ in range(k)]
+    state, tail = str(tmp_path / "state.pt"), str(tmp_path / "tail.pt")
+    torch.save(loader.state_dict(), state)
+    reference = head + [next(it) for _ in range(n)]
+    del it, loader
+    run_in_fresh_process(SCRIPT, "resume", state, tail, "2", str(n), "--buffer", "2", f"code={code}",
+                         f"prose={prose}")
+    got = head + torch.load(tail, weights_only=True)
+    for i, (want, have) in enumerate(zip(reference, got)):
+        assert items_equal(want, have), f"batch {i} differs ({'after' if i >= k else 'before'} the resume)"

@@ -60,3 +60,31 @@ def test_the_demo_corpus_with_a_buffer_of_two_ends_its_epoch(tmp_path):
             assert not data[int((~data).nonzero()[0]):].any(), f"batch {n}: a row of padding before data"
             padded = n
     assert n > 3000
+
+
+@pytest.mark.parametrize("num_workers", [0, 1, 2, 3])
+@pytest.mark.parametrize("buffer_size", [1, 2])
+def test_a_buffer_smaller_than_the_sources_resumes_exactly_at_any_step(corpora, buffer_size, num_workers):
+    """The shared resume helper over issue 34's setting: saved at steps spread over the epoch, through
+    torch.save, resumed into a fresh loader, the rest equal to the uninterrupted run's."""
+    from .resume import check_loader_resume
+
+    corpus = corpora[2]
+    build = builder(corpus, seq_len=T, batch_size=4, buffer_size=buffer_size, weights={"a": 1, "b": 2},
+                    predict_bos=True)
+    ref = check_loader_resume(lambda: build(0, 1, num_workers, None), steps=[1, 4, 11])
+    assert len(ref) > 11
+
+
+@pytest.mark.parametrize("packing", ["bestfit", "flat", "bestfit-crop"])
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_the_smallest_legal_values_end_their_epoch(tmp_path, packing, num_workers):
+    """One document per source, rows of 2 tokens (seq_len=1), one row a batch, a buffer of one document:
+    one source and two; the epoch ends and the oracle sees every token once."""
+    for spec in ({"a": ("parquet", 1)}, {"a": ("jsonl", 1), "b": ("parquet", 1)}):
+        corpus = make_corpus(str(tmp_path / f"{len(spec)}-{packing}-{num_workers}"), spec, row=2, seed=len(spec))
+        build = builder(corpus, seq_len=1, batch_size=1, packing=packing, buffer_size=1, predict_bos=True)
+        oracle = Oracle(corpus, epochs=1, mode=packing, end_label=BOS)
+        run_chain(build, [Hop(1, num_workers, None)], oracle, limit=LIMIT)
+        oracle.finish()
+        assert oracle.rows > 0
