@@ -119,7 +119,7 @@ def held_out() -> dict:
 
 def whole_documents():
     """The control: recipes build no Pieces node (its parent stands in for it)."""
-    import tokenloom.recipes.packed as packed
+    import tokenloom.recipes.packed_graph as packed  # where the recipes build their graph
 
     saved = packed.Pieces
     packed.Pieces = lambda parent, piece: parent
