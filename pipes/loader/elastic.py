@@ -64,8 +64,8 @@ import numpy as np
 
 from ..graph import BATCH, BRANCH, MIX, OTHER, PACKER, READER, role_of, walk
 from ..shard import ShardUnits, WorkSlice
-from .old_shards import (OldShard, _NO_DOCS, counters_of, read_old_shards, source_of,  # noqa: F401 (re-exported)
-                         worker_trees)
+from ..pack.savepoint import NO_DOCS
+from .old_shards import OldShard, counters_of, read_old_shards, source_of, worker_trees  # noqa: F401 (re-exported)
 from .plan_format import (CARRY, DROPPED, PREFIX, RESUME_EPOCH, ROUND, SOURCES, STEP,  # noqa: F401 (re-exported)
                           pack_slices, prefix_of, unpack_slices)
 
@@ -158,7 +158,7 @@ def plan_shards(old: List[OldShard], names: Sequence[str], *, new_shards: range,
                 round_: int, last_epoch: Optional[int]) -> Dict[int, Dict[str, Any]]:
     """The plan of each new shard in ``new_shards`` (global indices of ``num_new``)."""
     plans: Dict[int, Dict[str, Any]] = {g: {ROUND: round_, STEP: step, SOURCES: {}, CARRY: {}} for g in new_shards}
-    docs = np.concatenate([o.docs for o in old]) if old else _NO_DOCS
+    docs = np.concatenate([o.docs for o in old]) if old else NO_DOCS
     for k, name in enumerate(names):
         reading = [o.reading_epoch(name) for o in old]
         pend = docs[docs[:, 0] == k]

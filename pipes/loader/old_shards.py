@@ -14,12 +14,9 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from ..graph import BATCH, BRANCH, MIX, PACKER, READER, parents_of, role_of, walk
-from ..pack.savepoint import SOURCE_FIELDS, SavePoint, unpack_docs
+from ..pack.savepoint import NO_DOCS, SOURCE_FIELDS, SavePoint, unpack_docs
 from ..shard import EpochPlans, ShardUnits, WorkSlice, unread_after
 from .plan_format import CARRY, prefix_of
-
-_NO_DOCS = np.zeros((0, 6), np.int64)
-
 
 # --- reading old states -----------------------------------------------------------------
 
@@ -154,7 +151,7 @@ def _old_shard(t: _Template, names: Sequence[str], index: Mapping[str, int], nod
         for s in sharders.values():
             s.reset(None)
         counters = copy.deepcopy(plan[CARRY] if plan is not None else t.zeros)
-        return OldShard(counters, _NO_DOCS, sharders, dict.fromkeys(names, 0),
+        return OldShard(counters, NO_DOCS, sharders, dict.fromkeys(names, 0),
                         {n: s.next_epoch() for n, s in sharders.items()}, {n: (0, 0) for n in names})
     batch, packer = _follow(node, t.batch_path), _follow(node, t.packer_path)
     summary = packer[t.elastic_key]

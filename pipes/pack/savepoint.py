@@ -61,16 +61,6 @@ MIX_FIELDS = ("tokens", "documents", "passes", "exhausted", "era_base")
 
 # --- the graph above a packer ------------------------------------------------------------
 
-def nodes_of(node: Any) -> Iterator[Any]:
-    """Every node of a graph (pipes/graph.py `walk`: the parents each node declared)."""
-    return walk(node)
-
-
-def kind_of(node: Any) -> str:
-    """The role ``node`` declares (pipes/graph.py `role_of`)."""
-    return role_of(node)
-
-
 def reader_states(node: Any, state: Optional[Mapping[str, Any]]) -> Iterator[Tuple[Any, Optional[Mapping[str, Any]]]]:
     """``(reader, its state)`` for every reader of the graph under ``node``, found in ``state``, the
     state ``node`` saved (None: a graph that starts from nothing). A node nests its one parent's
@@ -125,7 +115,8 @@ def unpack_docs(text: str) -> np.ndarray:
     return np.cumsum(cols, axis=1, dtype=np.int64).T
 
 
-_NO_DOCS = np.zeros((0, len(DOC_FIELDS)), np.int64)
+#: No documents in flight: an empty table of `DOC_FIELDS` rows.
+NO_DOCS = np.zeros((0, len(DOC_FIELDS)), np.int64)
 _EMPTY_TEXT = base64.b64encode(zlib.compress(b"", 1)).decode("ascii")
 
 
@@ -232,7 +223,7 @@ class SavePoint:
         if self._mix is not None:
             c = self._mix.get_state_counters()
             mix = [c["tokens"], c["documents"], c["passes"], [int(bool(x)) for x in c["exhausted"]], c["era_base"]]
-        docs = (np.concatenate(parts) if len(parts) > 1 else parts[0]) if parts else _NO_DOCS
+        docs = (np.concatenate(parts) if len(parts) > 1 else parts[0]) if parts else NO_DOCS
         return {self.DOCS: pack_docs(docs), self.SOURCES: sources, self.MIX: mix, self.AGAIN: list(again)}
 
 
