@@ -28,7 +28,7 @@ document ends, whatever follows it in the row) or -100 (``predict_bos=False``:
 nothing is trained across a document boundary). ``None`` keeps ``row[1:]``
 there: the next document's first token, a continuing chunk's first token, or
 -100 before padding, which is what a hand-built graph gets unless it chooses.
-It is one vectorized comparison of ``segment_ids``: ~10 µs at B=8, T=2048.
+It is one vectorized comparison of ``segment_ids`` over the whole batch.
 
 The batch is complete inside one ``next()``, so the batcher's state is just its
 parent's. A finite stream's last batch is filled with padding rows (all labels
@@ -57,8 +57,8 @@ def collate_rows(rows: List[Row], *, batch_size: int, seq_len: int, pad_id: int,
 
     Vectorized over the whole batch: each row is cut into pieces (its segments, then its
     padding run if any), and the pieces of all rows, which tile the (B, C) block exactly,
-    give segment and position ids with one ``np.repeat`` each. ~25 numpy calls a batch
-    whatever B is, where a loop per row made ~15 per row: 0.148 -> 0.089 ms at B=8, T=2048."""
+    give segment and position ids with one ``np.repeat`` each: a fixed number of numpy calls
+    a batch whatever B is, not a number per row."""
     B, T, C = batch_size, seq_len, seq_len + 1
     R = len(rows)
     tokens = np.full((B, C), pad_id, dtype=np.int64)
@@ -127,6 +127,22 @@ class Batch(Node[Dict[str, torch.Tensor]]):
     the same keys at every step), the tokens and the document starts it delivers
     (``counts()``: what the training loop will see), and advances a `StepClock`
     when one is shared with a mixer's weights schedule; both are part of its state.
+
+    Args:
+        parent: a node of `Row` (a packer).
+        batch_size: rows a batch holds (>= 1); a final partial batch is filled with padding rows.
+        seq_len: a row holds ``seq_len + 1`` tokens; the batch's tensors are ``(batch_size, seq_len)``.
+        pad_id: the id padding rows are filled with.
+        sources: the source names whose delivered tokens and document starts are counted
+            (a fixed set: the saved counts must be for the same names).
+        clock: a `StepClock` shared with a mixer's weights schedule, advanced once a batch (None: none).
+        end_label: the label after every whole document's last token (the BOS id, -100, or None:
+            the row's next token).
+
+    State keys: ``PARENT`` (the parent's state: a batch is complete inside one ``next()``),
+    ``COUNTS`` (per source, ``[tokens, document starts]`` delivered so far) and ``CLOCK`` (the
+    shared `StepClock`'s state, None without one). A restore loads the clock before the parent
+    replays, because the mixer reads it.
     """
     ROLE = BATCH
 

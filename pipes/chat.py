@@ -213,6 +213,27 @@ def _check_messages(messages: Any, roles: Optional[Mapping[str, Any]], where: st
 
 
 class RenderChat(BatchInFlight, Branch, Node[TokenDoc]):
+    """Conversations to token ids and a loss mask, rendered ``batch_docs`` at a time through a chat
+    template: a `TokenDoc` (ids and mask) each (see the module docstring).
+
+    Args:
+        parent: a node of `Doc` whose text is a conversation, a list of ``{"role", "content"}``.
+        encoder: the `Encoder` the contents (and the template's text markers) are encoded with.
+        template: a `ChatTemplate`, a `JinjaTemplate`, or a callable
+            ``template(messages, encoder) -> (ids, mask)``; None: ``ChatTemplate()``.
+        max_tokens: the bound on a conversation's tokens (a row); None: no bound.
+        long: what a conversation over ``max_tokens`` gets: ``"truncate"`` (default), ``"split"``
+            or ``"drop"``.
+        batch_docs: conversations rendered per batched tokenizer call.
+        where: a `Doc` -> where it is, for messages (default: source, unit and row).
+
+    State keys: ``PARENT`` (the reader's state at the current batch's start), ``EMITTED``
+    (conversations of that batch handed on; a restore re-renders the batch and skips them) and
+    ``COUNTS`` (the ``COUNT_KEYS`` counts: empty, untrained, truncated and dropped conversations,
+    and the tokens discarded). A branch (role ``BRANCH``, pipes/graph.py): it carries ``COUNTS``
+    over an elastic resume.
+    """
+
     ROLE = BRANCH
     PARENT = "parent"
     EMITTED = "emitted"

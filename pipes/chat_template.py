@@ -35,8 +35,8 @@ generated, so this matches what the model sees there); on the test conversations
 the ids equal transformers' ``apply_chat_template(tokenize=True)`` for every one
 (tests/test_chat_templates.py). Cost: one render per conversation with generation
 blocks, 2k+1 for k answers without; rendering is cheap next to encoding the
-pieces: ~160 us a conversation (5 messages, 2 answers) either way, against ~50 us
-for a `ChatTemplate` (ChatML markers), one core, batches of 32.
+pieces; a conversation costs about the same with or without generation blocks, and more
+than with a `ChatTemplate`'s markers (figures in docs/performance.md).
 """
 
 from __future__ import annotations

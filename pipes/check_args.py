@@ -10,7 +10,7 @@ What counts as an int: `int` and numpy integers (`numbers.Integral`), because si
 computed with numpy are common and harmless. `bool` does not, although it is an
 `int` subclass: ``batch_size=True`` is a mistake, not a batch of 1. Floats do not
 either, even 2048.0: a float size is a division that was meant to be ``//``.
-Trade-off: one ``isinstance`` per argument per loader built (~1 µs), nothing per batch.
+Trade-off: one ``isinstance`` per argument per loader built, nothing per batch.
 """
 
 from __future__ import annotations

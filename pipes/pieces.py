@@ -2,11 +2,11 @@
 
 Why: a mixer picks whole documents, and a best-fit packer drains a long one as the rows
 it fills. One 100k-token document is ~49 rows at T=2048, and for those rows the loop sees
-its source alone: man pages against Debian documentation mixed 70/30 by tokens, 2 workers,
-were 4.1 points off after batch 50 and 3.6 after batch 100 (benchmarks/shares.py,
-``held_out``). Handed out in pieces of at most ``piece`` tokens (the recipes: one row), a
-long document takes turns with the other sources like a run of short ones, and what a
-source is ahead or behind is at most a piece plus what the packer holds.
+its source alone, so the delivered shares drift off the mix's weights for as many batches
+(measured by benchmarks/shares.py, ``held_out``; see docs/performance.md). Handed out in
+pieces of at most ``piece`` tokens (the recipes: one row), a long document takes turns
+with the other sources like a run of short ones, and what a source is ahead or behind is
+at most a piece plus what the packer holds.
 
 Pieces continue each other. A piece is the document up to the piece's end
 (``ids[:end]``, a view) with ``used`` at its start and ``more`` set while pieces follow;
@@ -24,8 +24,8 @@ State: the parent's state just before the document in pieces, the tokens of it h
 out, and its origin (epoch, unit, row) so a save point can name it without reading; a
 restore re-reads that one document. The tokenizer gives its state before its last document
 on demand (`Tokenize.state_before_last`), so only long documents cost a state; another
-parent's state is taken before every document (~2-3 us each, ~6% of a batch of short
-documents: 0.94x tokens/s on the demo corpus before this, benchmarks/pieces_cost.py).
+parent's state is taken before every document, a cost on every short document too
+(measured by benchmarks/pieces_cost.py).
 """
 
 from __future__ import annotations
@@ -43,6 +43,20 @@ HELD = 2
 
 
 class Pieces(Node[TokenDoc]):
+    """Hands out a document longer than ``piece`` tokens as consecutive pieces (module docstring);
+    shorter documents pass through unchanged.
+
+    Args:
+        parent: a node of `TokenDoc` (a source's tokenizer); with ``state_before_last`` (`Tokenize`)
+            its state is asked only for long documents, otherwise it is taken before every document.
+        piece: the most tokens a piece adds (>= 1; the recipes use ``seq_len + 1``, one row).
+
+    State keys: ``PARENT`` (the parent's state just before the document held in pieces, or its
+    current state when none is held), ``OFFSET`` (tokens of the held document handed out, the next
+    piece's start; 0 when none is held) and ``ORIGIN`` (``[epoch, unit, pos]`` of the held document,
+    ``[]`` when none is held). A restore re-reads that one document and checks its origin.
+    """
+
     ROLE = PIECES
     PARENT = "parent"
     OFFSET = "offset"  # tokens of the held document handed out (its next piece's start); 0: none held

@@ -18,9 +18,9 @@ recompute it: the sharder's state is just (epoch, index of the next slice).
 
 Planning is vectorized (`plan_shards`): no Python loop over units or shards. Each
 worker plans only its own shard, once per epoch; the cost is the unit permutation
-and a cumulative sum, ~4 ms for 200,000 units on this machine. Planning all 8,000
-shards of 1000 ranks x 8 workers at once (what `tests/test_shard_scale.py` checks)
-takes ~45 ms, where calling the former per-shard loop 8,000 times took ~35-50 s.
+and a cumulative sum. Planning all 8,000 shards of 1000 ranks x 8 workers at once
+(what `tests/test_shard_scale.py` checks) is one permutation and one cumulative sum
+too, not one per shard.
 """
 
 from __future__ import annotations
@@ -120,8 +120,8 @@ def plan_epoch(unit_rows: np.ndarray, *, seed: int, epoch: int, shard: int, num_
 class EpochPlans:
     """Every shard's slices, one `plan_shards` call per epoch, kept: what an elastic resume reads of
     all the old shards at once (a `ShardUnits` given ``plans=`` takes its slices from here instead of
-    permuting the units itself; ~45 ms an epoch for 8,000 shards of 200,000 units, where 8,000
-    single-shard plans cost a permutation each)."""
+    permuting the units itself: one permutation an epoch for all the shards, where single-shard
+    plans cost a permutation each)."""
 
     def __init__(self, unit_rows: np.ndarray, *, seed: int, num_shards: int, shuffle: bool = True):
         self.unit_rows = np.asarray(unit_rows, dtype=np.int64)
@@ -171,6 +171,26 @@ class ShardUnits(Node[WorkSlice]):
     first emits ``prefix``, its share of what the old shards had left of their epochs,
     then plans normally from ``resume_epoch`` on. ``PREFIX`` counts the prefix slices
     emitted.
+
+    Args:
+        unit_rows: rows per work unit of the source (int64, one entry a unit).
+        shard: this shard's number ``g = rank * num_workers + worker``, in ``[0, num_shards)``.
+        num_shards: ``S = world_size * num_workers``; every shard must own at least one row.
+        seed: seeds the unit order of every epoch (with the epoch number).
+        epochs: passes to make (None: cycle forever).
+        first_epoch: the epoch number of the first pass.
+        shuffle: put the units in a seeded random order each epoch (False: file order).
+        what: names the source in the error raised when it has fewer rows than shards.
+        prefix: an elastic resume's share of what the old shards had left, emitted first.
+        resume_epoch: the epoch planning resumes at after ``prefix`` (None: ``first_epoch``, not resumed).
+        prefix_offset: the number of ``prefix[0]`` among the plan's prefix slices (a saved plan drops
+            those no restore can need again).
+        plans: a shared `EpochPlans` to take this shard's slices from (its shard count, seed and
+            shuffle must match); None: plan this shard alone.
+
+    State keys: ``EPOCH`` (the epoch being planned), ``INDEX`` (the next slice's index in that
+    epoch's plan) and ``PREFIX`` (prefix slices emitted, counted from the plan's first). The plan
+    itself is recomputed from (unit sizes, seed, epoch, shards, shard), never saved.
     """
     ROLE = SHARD
 

@@ -21,7 +21,18 @@ from .roles import PASS
 
 class WithStats(Node[Dict[str, Any]]):
     """Adds ``batch[STATS_KEY] = (worker, *counters())``; ``counters`` returns a list of
-    ints in the order of ``keys`` (the loader sums them per key over workers)."""
+    ints in the order of ``keys`` (the loader sums them per key over workers).
+
+    Args:
+        parent: a node of batch dicts (a `Batch`).
+        counters: called once a batch; returns the worker's cumulative counters, one int per key.
+        keys: the counters' names, in the order ``counters`` returns them.
+        worker: this worker's number, the first element of the tuple, so the loader keeps the
+            latest counters per worker.
+
+    State keys: ``PARENT`` (the parent's state; the counters are cumulative and belong to the
+    nodes that count them, so nothing of them is saved here).
+    """
 
     ROLE = PASS
     PARENT = "parent"

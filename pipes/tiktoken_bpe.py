@@ -16,7 +16,7 @@ produce (tiktoken merges by id), and, when the model does not set
 
 Structure is necessary, not sufficient: the regex engines differ (Oniguruma in
 `tokenizers`, fancy-regex in tiktoken), and tiktoken joins any two neighbours
-whose bytes form a token, merge or not. So `choose` also encodes a 17 KB
+whose bytes form a token, merge or not. So `choose` also encodes a
 sample (`SAMPLE`: prose, contractions, digits, whitespace runs, tabs, code,
 accents, CJK, emoji, combining marks, special-token spellings; and this
 module's own source) with both and keeps tiktoken only if every id agrees;
@@ -26,15 +26,14 @@ otherwise the loader stays on `tokenizers` and the summary says why. Data text i
 decoding, token lookups and the fingerprint stay with `tokenizers`, so a state
 saved on one engine resumes on the other.
 
-Trade-off: the choice costs 0.3-0.45 s at 32k ids (0.03 s for the 4k demo
-tokenizer; ~1 s at 100k): conversion, the vocabulary check and the sample, once in the main
-process, and once per tokenizer file: the verdict and the conversion are kept in the
-tokenizer cache (tokenizer_cache.py), so a later build reads them instead. Workers receive the verdict with the serialized tokenizer and rebuild
-the Encoding from it without checks, ~0.1 s once per process (`encoding`
-caches it). In return, on 2 cores (stdlib corpus, byte-level BPEs of 32k ids
-trained locally, benchmarks/tokenizer_speed.py, RESULTS.md "tokenizer speed"):
-3.0-3.1x the tokens per second of ``encode_batch_fast`` on one thread, and
-3.5-4.1x the tokens per second from ``pretrain`` with 2 workers.
+Trade-off: the choice costs time, growing with the vocabulary: conversion, the vocabulary
+check and the sample, once in the main process, and once per tokenizer file: the verdict
+and the conversion are kept in the tokenizer cache (tokenizer_cache.py), so a later build
+reads them instead. Workers receive the verdict with the serialized tokenizer and rebuild
+the Encoding from it without checks, once per process (`encoding` caches it). In return,
+tiktoken gives more tokens per second than ``encode_batch_fast`` on one thread, and
+``pretrain`` more tokens per second with several workers: benchmarks/tokenizer_speed.py
+(RESULTS.md "tokenizer speed") measures both; figures in docs/performance.md.
 """
 
 from __future__ import annotations
@@ -217,8 +216,8 @@ def convert(payload: str) -> Tuple[str, Dict[bytes, int], Dict[str, int], bool]:
 def _rebuilds_every_token(reference: Any, ranks: Dict[bytes, int]) -> Optional[str]:
     """Without ignore_merges, `tokenizers` merges a piece that spells a whole token; tiktoken
     takes the token. The same only if merging each token's bytes gives that token: checked
-    with the file's own BPE model (``reference.model``) on every token's spelling, ~2 us a
-    token. None, or the first token that fails."""
+    with the file's own BPE model (``reference.model``) on every token's spelling. None, or
+    the first token that fails."""
     chars = {b: c for c, b in byte_decoder().items()}
     tokenize = reference.model.tokenize
     for raw, rank in ranks.items():
@@ -243,7 +242,7 @@ def _build(parts: Tuple[str, Dict[bytes, int], Dict[str, int], bool]) -> Any:
 def encoding(payload: str, cached: Optional[Callable[[], Optional[Parts]]] = None) -> Any:
     """The `tiktoken.Encoding` for a tokenizer.json text `choose` accepted, built once per
     process (a loader worker rebuilds it: from the tokenizer cache's conversion, ``cached()``,
-    0.1 s at 100k ids, else by converting the payload it was sent, 0.5 s)."""
+    else, more slowly, by converting the payload it was sent)."""
     with _encodings_lock:
         enc = _encodings.get(payload)
         if enc is None:
@@ -253,7 +252,7 @@ def encoding(payload: str, cached: Optional[Callable[[], Optional[Parts]]] = Non
 
 
 def sample_texts() -> List[str]:
-    """`SAMPLE` plus this module's own source in ~2 KB pieces (code, docstrings, comments)."""
+    """`SAMPLE` plus this module's own source in pieces of 2048 characters (code, docstrings, comments)."""
     with open(__file__, encoding="utf-8") as f:
         source = f.read()
     return list(SAMPLE) + [source[i:i + 2048] for i in range(0, len(source), 2048)]
@@ -331,8 +330,8 @@ def threads_wanted() -> int:
 def _ordinary_ids(core: Any) -> Any:
     """text -> int32 ids, special-token spellings as text. The core's buffer encoder, where this
     tiktoken has it, with no special token allowed: the same ids as ``encode_ordinary`` (checked on
-    the sample in tests), written into one buffer instead of a list of Python ints; 18% less time a
-    token on man pages with a 100k-id BPE (0.39 -> 0.32 s for 2.7 M tokens, one thread)."""
+    the sample in tests), written into one buffer instead of a list of Python ints, which takes less
+    time a token (see docs/performance.md)."""
     to_buffer = getattr(core, "encode_to_tiktoken_buffer", None)
     if to_buffer is None:  # tiktoken < 0.8
         return lambda text: np.asarray(core.encode_ordinary(text), dtype=np.int32)

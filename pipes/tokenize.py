@@ -3,10 +3,10 @@
 Documents are encoded with the tokenizer's batched call (``encode_batch_fast``
 for Hugging Face tokenizers, which runs in Rust without the GIL), a batch being
 ``batch_docs`` documents (64) or ``batch_chars`` characters (32,768), whichever
-comes first. A call costs ~20 us beyond its documents, under 1% of encoding
-64 short ones. The character bound keeps one call to ~10k tokens (~15 ms on
-one core): batches of 64 source files were ~150k tokens, a quarter second in
-which the worker produced nothing, and such bursts are what a training loop
+comes first. A call's own cost, beyond its documents, is small next to encoding
+``batch_docs`` short ones. The character bound keeps one call short when documents
+are long (whole source files, say): a batch of ``batch_docs`` of those would be a long
+call in which the worker produces nothing, and such bursts are what a training loop
 waits on when a worker's queue is short.
 
 State is a position, not the encoded batch: the upstream state taken just before
@@ -15,11 +15,12 @@ restore re-reads and re-encodes that one batch (at most ``batch_docs``
 documents) and skips what was already emitted.
 
 A batch's documents are slices of one int32 buffer, made by one ``np.concatenate``
-of their ids and BOS/EOS, instead of an allocation and two copies per document: from
-the token cache, where a document costs a few microseconds, that is 4-8% of a batch's
-CPU in one process. The trade-off: a buffer (at most ``batch_docs`` documents or about
+of their ids and BOS/EOS, instead of an allocation and two copies per document; that
+matters most from the token cache, where a document costs little else (figures in
+docs/performance.md). The trade-off: a buffer (at most ``batch_docs`` documents or about
 ``batch_chars`` characters of ids) lives while any of its documents waits in the packer;
-worker memory over 8,000 cached batches was the same as with one array per document.
+measured over many cached batches, a worker's memory is the same as with one array per
+document (docs/performance.md).
 
 A document read from a token cache (pipes/sources/cache.py) arrives as
 `Pretokenized` ids instead of text: it is not encoded, only given its BOS/EOS,

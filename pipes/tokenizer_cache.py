@@ -4,20 +4,20 @@ Loading a ``tokenizer.json`` works out a few facts that depend on its content on
 fingerprint (the hash of the canonical serialization, tokenizer.py), its vocabulary size and
 added tokens, the ids of the usual BOS spellings, and whether tiktoken runs it with the same
 ids (tiktoken_bpe.py: convert the vocabulary and merges, check every token, encode a sample
-with both engines) with the converted vocabulary. For a 100k-id byte-level BPE that is ~1.3 s
-on this machine (JSON parse 0.3 s, conversion 0.5 s, token check 0.3 s, ``tokenizers``' own
-load 0.3 s), in every process that builds a loader, on every build. None of it changes unless
-the file does.
+with both engines) with the converted vocabulary. For a large byte-level BPE that work (the
+JSON parse, the conversion, the token check and ``tokenizers``' own load) is paid in every
+process that builds a loader, on every build, and grows with the vocabulary. None of it changes
+unless the file does.
 
 So it is done once per tokenizer and kept in the user's cache directory, under the SHA-256 of
 the file's bytes (and of what decides the verdict: this format, tiktoken's and tokenizers'
 versions, the checking code): ``meta.json`` (the facts) and ``ranks.bin`` (the converted
 vocabulary: token bytes end to end, their offsets and ranks as int64). A warm load reads the
-file (to hash it: 14 ms for 7.3 MB), the facts (~1 ms) and nothing else in the process that
-builds the loader; the tiktoken encoding is built from ``ranks.bin`` where text is encoded (a
-loader worker: 0.03 s to read, 0.07 s to build, against 0.5 s to convert), and ``tokenizers``
-loads the file only where it is needed (decoding, a token outside the facts, the
-``tokenizers`` engine).
+file (to hash it), the facts and nothing else in the process that builds the loader; the
+tiktoken encoding is built from ``ranks.bin`` where text is encoded (a loader worker: reading
+and building from it instead of converting), and ``tokenizers`` loads the file only where it
+is needed (decoding, a token outside the facts, the ``tokenizers`` engine). Cold and warm
+loads are compared in docs/performance.md.
 
 Safe to share: an entry is written to a temporary name and renamed into place (readers see
 a whole entry or none; concurrent builders of the same tokenizer write the same bytes); an

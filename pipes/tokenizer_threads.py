@@ -4,11 +4,9 @@ A Hugging Face tokenizer's batched call spreads its documents over a Rayon threa
 pool as large as the machine. In the training process (``num_workers=0``) that
 is what makes it fast. In a loader worker it is oversubscription: with as many
 workers as cores, each worker's pool adds a thread per core, and their idle
-threads spin while waiting for work, taking cycles from the other workers.
-Measured on 2 cores (stdlib corpus, ``pretrain`` bestfit, T=2048, B=8, 2
-workers, 500 batches, three alternating pairs of runs): 1.24, 1.28 and 0.95 M
-tokens/s with one thread per worker against 1.03, 1.04 and 0.76 M with the
-pools, about 20% more per token of CPU for the same work.
+threads spin while waiting for work, taking cycles from the other workers, so
+the same work costs more CPU per token than with one thread per worker
+(``pretrain`` with one thread per worker against the pools: see docs/performance.md).
 
 So each worker sets ``TOKENIZERS_PARALLELISM=false`` (read by the tokenizers
 library at each batched call) before it tokenizes anything. It applies only in

@@ -1,14 +1,14 @@
 """A one-line progress bar on stderr for the ``tokenloom`` commands.
 
-On a terminal the line is redrawn in place, at most 10 times a second (a redraw
-costs ~20 us; at 30 batches/s that is noise either way, but a log file filled
-with thousands of carriage returns is not). When stderr is not a terminal (CI,
-``2> log``) it writes a plain line every 10% instead, so logs stay readable.
+On a terminal the line is redrawn in place, at most once every ``REDRAW_S`` (10 times
+a second; a redraw is cheap either way, but a log file filled with thousands of carriage
+returns is not). When stderr is not a terminal (CI, ``2> log``) it writes a plain line
+at every tenth of the total (every decile) instead, so logs stay readable.
 
 A finite stream of unknown length (``tokenloom run --epochs 1``) can still have a
 bar: ``left`` returns the loader's estimate of the batches left
-(``loader.stats()["progress"]["batches_left"]``, 10-15 us a call), asked at most once a
-redraw (live) or once a batch (plain lines), and the total shows as ``~N``.
+(``loader.stats()["progress"]["batches_left"]``), asked at most once a redraw (live)
+or once a batch (plain lines), and the total shows as ``~N``.
 """
 
 from __future__ import annotations

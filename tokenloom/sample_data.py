@@ -13,25 +13,15 @@ offline, on every machine that can run tokenloom:
 
 ``site-packages``, ``__pycache__`` and test folders are left out: test suites are
 stripped from many distribution builds (Debian's ``python3`` among them), and they
-contain deliberately undecodable or unparseable files (on 3.11 the test folders hold
-1,056 more ``.py`` files, 11 of them not UTF-8 or not parseable).
+contain deliberately undecodable or unparseable files.
 
-Measured on CPython 3.11.7 (Linux, 2 cores; other versions differ a little):
-
-=====  =====  ===========  =====  ======  =======  =======
-kind   docs   characters   p10    median  p99      max
-=====  =====  ===========  =====  ======  =======  =======
-code     734   12,117,233    893   7,832  106,734  755,864
-prose  8,162    2,353,680     48     122    2,271   62,522
-=====  =====  ===========  =====  ======  =======  =======
-
-(The longest code document is ``pydoc_data/topics.py``; the longest prose document
-is its ``specialnames`` topic.) `build_demo_corpus` writes both kinds to parquet in
-1.7 s, one pass over the stdlib; a second call reuses the files. The shipped
-``data/tokenizer.json`` (byte-level BPE, 4096 ids, 257 KB) was trained by ``python
--m tokenloom.sample_data`` on all 8,896 documents (14.5 M characters) in 1.7 s. It
-averages 3.5 characters per token on both kinds; the median document is 2,257
-tokens of code or 35 tokens of prose (p99: 30,619 and 652).
+The corpus depends on the Python version it is built from (its document counts and
+length percentiles per kind are in docs/performance.md). ``code`` documents are few and
+long, with a long tail (the longest is ``pydoc_data/topics.py``); ``prose`` documents are
+many and short (the longest is that file's ``specialnames`` topic).
+`build_demo_corpus` writes both kinds to parquet in one pass over the stdlib; a second
+call reuses the files. The shipped ``data/tokenizer.json`` (byte-level BPE, 4096 ids)
+was trained by ``python -m tokenloom.sample_data`` on all the documents of both kinds.
 """
 
 from __future__ import annotations
@@ -285,8 +275,8 @@ def build_demo_corpus(out_dir, *, max_docs_per_source: Optional[int] = None) -> 
     """Write the stdlib ``code`` and ``prose`` sources to ``out_dir/code/`` and
     ``out_dir/prose/``; return ``{"code": [paths], "prose": [paths]}``.
 
-    Takes under 2 s on 2 cores and writes 4 code files (200 rows, row groups of 25)
-    and 5 prose files (2000 rows, row groups of 250), about 15 MB of text in all. ``max_docs_per_source`` caps each
+    Writes 4 code files (200 rows, row groups of 25) and 5 prose files (2000 rows, row
+    groups of 250), in one pass over the stdlib. ``max_docs_per_source`` caps each
     source. Idempotent: ``out_dir/MANIFEST.json`` records the parameters and the
     Python version, and a matching manifest with all files present is reused as is.
     """

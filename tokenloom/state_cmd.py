@@ -10,8 +10,8 @@ packer -> mixer -> per source tokenizer -> reader -> sharder), so each node is
 recognised by its class's ``STATE_KEYS`` and summarized: batches built, the
 packer's buffer, and per source the epoch, work slice and row. Positions under
 the packer are its restore point, not the live read position: a packer saves
-where its buffered documents came from and replays from there on load. A
-2-worker state is a few KiB (6 KiB in docs/cli.md's example); ``--json`` prints it whole.
+where its buffered documents came from and replays from there on load. A state is
+small, positions and counters (docs/cli.md shows an example); ``--json`` prints it whole.
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ is `tokenloom.pipes.format_stats`'s, so logs and the command line read the same.
 Two document counts differ and the summary says which is which: the packer
 counts documents *read into* it, the table counts documents that *begin in the
 batches delivered*; the difference is what waits in the packers' buffers (up to
-``buffer_size`` per worker: ~2,000 of ~47,000 in the demo). A loader state is
-~13 KiB at 2 workers and a 1000-document buffer, whatever the corpus size.
+``buffer_size`` per worker). A loader state's size grows with the workers and the
+packers' buffers, not with the corpus size.
 """
 
 from __future__ import annotations

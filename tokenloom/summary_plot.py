@@ -3,7 +3,7 @@ per source, and packing waste.
 
 matplotlib is optional (the ``plots`` extra) and imported only here, when a plot
 is asked for; it is drawn on a bare `Figure` with the Agg canvas, so no pyplot
-state or global backend is touched. Drawing takes ~0.5 s, most of it the import.
+state or global backend is touched. Most of the drawing time is the import.
 """
 
 from __future__ import annotations

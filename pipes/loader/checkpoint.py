@@ -19,11 +19,10 @@ entry from the checkpoint instead (the metadata lists them; no process group nee
 each checked against its digest, for ``loader.load_state_dict(read_loader_states(path))``.
 It unpickles with ``weights_only=True`` (a str passes, an object is refused).
 
-Measured (4 simulated ranks, pretrain T=255, 10 batches in, local disk): a rank's entry is
-1.8 KiB (0 workers, buffer 32) to 13.9 KiB (2 workers, buffer 1000); `read_loader_states`
-of all 4 takes 0.8-2.0 ms. ``dcp.load`` with the loader itself first asks the fresh loader
-for its ``state_dict()`` (the destination), and a StatefulDataLoader with workers starts
-them to answer: 130-290 ms with 2 workers against 1 ms with none, once per resume.
+A rank's entry grows with its workers and its packer's buffer. ``dcp.load`` with the loader
+itself first asks the fresh loader for its ``state_dict()`` (the destination), and a
+StatefulDataLoader with workers starts them to answer: a worker start, once per resume.
+Entry sizes and timings are in docs/performance.md.
 
 `DCPLoaderState` is the earlier wrapper (the state as a JSON ``uint8`` tensor). It is kept so
 checkpoints written with it still load, and `read_loader_states` reads its entries too; new

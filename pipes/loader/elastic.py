@@ -40,17 +40,14 @@ What is not kept: the order. Batches after an elastic resume are not those a run
 started on the new topology would give (nor could they be). A same-topology resume
 is unchanged and exact.
 
-The trade-off: a resume that changes topology no longer replays anything, and every step
-pays for it instead: a packer's state carries its save point (~0.35 KB per worker at the
-default best-fit buffer, 0.8 KB with 1,000 documents in flight) and taking it costs ~0.1 ms
-a step (~0.3 ms with 1,000 documents in flight: a few numpy calls over the buffer, one Python
-step per document pulled since the last state, a zlib call), ~1% of a worker's batch at
-T=2048. Measured (benchmarks/RESULTS.md, ``elastic``; 2 x 2 new ranks): from 2, 16, 64 old
-shards an elastic resume costs 0.91x, 1.18x, 1.22x a same-topology one (replaying: 1.09x,
-3.09x, 7.60x), from 256 1.67x (65.9x: 13.3 s of replay, ~52 ms per old shard). What grows
-with the old run now is reading its states: every new rank decodes the whole list (JSON and
-digest) and walks each old shard's save point, ~0.35 ms per old shard, so ~3 s and ~20 MB
-of states per rank after a 1024 x 8 run, where the replay took 7-26 minutes.
+The trade-off: a resume that changes topology replays nothing, and every step pays for it
+instead: a packer's state carries its save point, and taking it costs a few numpy calls over
+the buffer, one Python step per document pulled since the last state and a zlib call; both
+grow with the documents in flight. An elastic resume's cost then stays close to a
+same-topology resume's as the number of old shards grows, where replaying every old shard
+grew with it. What grows with the old run is reading its states: every new rank decodes the
+whole list (JSON and digest) and walks each old shard's save point, one walk per old shard.
+Measured by benchmarks/elastic.py (benchmarks/RESULTS.md, ``elastic``; see docs/performance.md).
 The plan of a new rank's shards (its share of the documents in flight, five ints each,
 and a few row ranges per source) is kept in the loader state until the next round, so a
 later save on the new topology resumes exactly; worker states stay positions.

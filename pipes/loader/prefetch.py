@@ -19,8 +19,8 @@ copies and no streams, which is what the CPU tests check.
 
 Why a thread: receiving a batch from a worker process (unpickling it, applying
 the worker's state delta, rebuilding the loader snapshot) costs the training
-thread ~1-4 ms per batch on 2 cores; in the thread it overlaps the step, and
-the loop's ``next()`` only takes a ready batch (`benchmarks/stall.py`). The
+thread CPU time every batch; in the thread it overlaps the step, and
+the loop's ``next()`` only takes a ready batch (measured by `benchmarks/stall.py`). The
 DataLoader's own pin-memory thread does part of this on a GPU machine; this
 thread does all of it, on every machine. The loader is only touched by the
 thread while an iteration runs; `state_dict` and `stats` read what the thread
@@ -35,13 +35,13 @@ state before the first fetch; after the loop saw the end: the loader's end
 state, which resumes into the next round, as the loader does).
 
 The loop's ``next()`` only moves a ready batch and wakes the thread, and two
-things keep it that short when every core is busy (2 workers on 2 cores, steps of
-1.1x the data time: 4% of the loop's time waited before, 0.5% after, ~0.1 ms a
-step): the batch the loop lets go of is destroyed in the thread (destroying a
-tensor releases the GIL, which the busy thread then holds for up to 5 ms), and
-the thread's wake-up does not preempt the loop (`wakeup.py`).
+things keep it that short when every core is busy (as many workers as cores, steps
+barely longer than the data time; measured by `benchmarks/stall.py`): the batch the
+loop lets go of is destroyed in the thread (destroying a tensor releases the GIL,
+which the busy thread then holds for up to a switch interval, `sys.getswitchinterval`),
+and the thread's wake-up does not preempt the loop (`wakeup.py`).
 
-Trade-off: one ``loader.state_dict()`` per batch (a few KB of plain data; copied
+Trade-off: one ``loader.state_dict()`` per batch (small plain data; copied
 with ``num_workers=0``, where it could alias live node state) and ``depth`` + 1
 batches of memory (on the device when copying; the +1 is the batch the loop
 just let go of, destroyed during the next step). An exception in the loader
@@ -112,6 +112,15 @@ class DevicePrefetcher:
     ``device=None`` picks ``"cuda"`` when available, else ``"cpu"`` (no copies).
     Build the loader with ``pin_memory=True`` so the copies are asynchronous;
     unpinned tensors are pinned here first (a host copy per batch).
+
+    Args:
+        loader: the loader to iterate (a `TokenLoomLoader`: ``__iter__``, ``state_dict``,
+            ``load_state_dict`` and, optionally, ``stats`` and ``num_workers``).
+        device: where batches are copied (``"cuda"``, ``"cuda:1"``, a `torch.device`, or ``"cpu"``
+            for no copies); None: ``"cuda"`` when available, else ``"cpu"``. A CUDA device without
+            CUDA is refused.
+        depth: batches fetched (and copied) ahead of the loop, >= 1; ``depth`` + 1 batches are
+            held at most (the +1: the batch the loop just let go of).
     """
 
     def __init__(self, loader: Any, device: Union[str, torch.device, None] = None, depth: int = 2):
@@ -153,7 +162,7 @@ class DevicePrefetcher:
 
     def close(self) -> None:
         """Stop the background thread now and let go of the loader's iterator (a dropped iterator
-        also stops it, within ~50 ms)."""
+        also stops it, within one `_Fetcher.POLL_S` poll of the thread waiting for a slot)."""
         self._stop_fetcher()
 
     def _stop_fetcher(self) -> None:
@@ -285,9 +294,8 @@ class _Fetcher(threading.Thread):
         The loop drops its previous batch when it takes the next one, in the training thread.
         Destroying a tensor releases the GIL there (PyTorch does so around every tensor's
         destructor), and a thread that is busy receiving a batch takes it for up to a switch
-        interval (5 ms). Measured with 2 workers on 2 cores, 200 steps of 1.1x the data time:
-        dropping each batch in the loop cost 0.3-0.5 ms a step on average, with a tenth of steps
-        waiting 0.7 ms or more. Holding one reference here moves the last drop, and its waits,
+        interval (`sys.getswitchinterval`), so the loop waits for it (measured by
+        `benchmarks/stall.py`). Holding one reference here moves the last drop, and its waits,
         to this thread, which clears the list before each fetch.
         """
         self.retired.append(handed)

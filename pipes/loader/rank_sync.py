@@ -12,8 +12,7 @@ ended), each rank contributes one bit, "I still have data", to a MAX all-reduce
 of one int over a CPU (gloo) group. If no rank has data the epoch ends on every
 rank at the same step; a rank that ran out early yields padding batches (all
 ``labels`` -100, ``segment_ids`` 0) until the others finish. The cost is one
-tiny all-reduce per step on finite epochs only (about 0.1 ms between two local
-gloo ranks); endless streams never communicate.
+tiny all-reduce per step on finite epochs only; endless streams never communicate.
 
 A training loop should normalise its loss by the number of target tokens
 summed across ranks (not a per-rank mean), so a padding batch contributes

@@ -6,10 +6,8 @@ the training thread that frees a prefetch slot wakes the prefetch thread, which
 is often placed on the training thread's own CPU and preempts it. The prefetch
 thread then blocks at once on the GIL the training thread holds, but the training
 thread has lost its CPU: it waits behind a worker for the rest of a time slice,
-with its batch already in hand. Measured with 2 workers on 2 cores, 200 steps of
-1.1x the data time through `DevicePrefetcher` (depth 4): 1-3% of steps waited
-2-5 ms in ``next()``, each an involuntary context switch with ~0.1 ms of CPU
-used, about 1-2% of the loop's time; with the rule below, none over 0.1 ms.
+with its batch already in hand (an involuntary context switch in ``next()``; measured
+through `DevicePrefetcher` by benchmarks/stall.py, see docs/performance.md).
 
 A thread whose policy is ``SCHED_BATCH`` never preempts on wake-up (the kernel
 checks wake-up preemption for ``SCHED_NORMAL`` tasks only); it runs at the next
@@ -17,9 +15,9 @@ scheduling point on its CPU, within a tick. So `quiet_wakeup` switches the
 calling thread to ``SCHED_BATCH`` for the wait and back when it is woken.
 Only for the wait: the prefetch thread is woken several times per batch while it
 receives one through a pipe, and with ``SCHED_BATCH`` throughout each of those
-waited for a tick too, and it fell behind the loop (waits of 50-240 ms).
+would wait for a tick too, and it would fall behind the loop.
 
-Cost: two ``sched_setscheduler`` calls per wait, ~5 us. Elsewhere than Linux,
+Cost: two ``sched_setscheduler`` calls per wait. Elsewhere than Linux,
 for a thread that is not ``SCHED_OTHER`` (a real-time or already-batch training
 setup), or if the kernel refuses, it does nothing. The nice value is kept.
 """

@@ -5,17 +5,17 @@ A worker's batch reaches the main process through a multiprocessing queue. A
 segment per tensor, its file descriptor passed over a Unix socket, mapped again
 on the other side. That costs about the same whatever the size, and a batch has
 seven tensors. A numpy array is pickled into the pipe instead: one copy of its
-bytes. Measured on 2 cores, one batch from 2 workers (`benchmarks/throughput.py`,
-``ipc``): B=8, T=2048 (512 KB): 3.2 ms as tensors, 0.7 ms as numpy; B=2, T=63
-(4 KB): 3.5 ms vs 0.26 ms. The main process pays that per batch, in ``next()``.
+bytes, cheaper than the tensors' reducer at every batch size tokenloom makes
+(measured by `benchmarks/throughput.py`, ``ipc``). The main process pays that per
+batch, in ``next()``.
 
 So a worker sends `WireBatch` (the batch with every CPU tensor viewed as numpy,
 no copy), and the main process turns it back into the same tensors
 (``torch.from_numpy``, no copy): dtypes, shapes and values are bitwise the same.
 An int64 array whose values fit in int32 (token ids, labels, positions) travels
-as int32 and is widened on arrival: a B=8, T=2048 batch is 328 KB on the wire
-instead of 524 KB, and the workers' ready batches (up to ~1M tokens each) hold
-that much less memory, for a min/max and a copy per array on each side.
+as int32 and is widened on arrival: a batch's int64 arrays take half the bytes on
+the wire, and the workers' ready batches hold that much less memory, for a min/max
+and a copy per array on each side.
 With ``pin_memory=True`` the loader's pin-memory thread calls
 `WireBatch.pin_memory`, so pinning stays off the training thread.
 
@@ -29,9 +29,9 @@ trainer's own StatefulDataLoader subclass), gets the batch dicts tokenloom's loa
 workers (not forked by tokenloom's loader, see `NodeDataset.armed`) leave out the statistics
 key, which only tokenloom's loader reads and removes.
 
-Trade-off: a batch larger than a few MB would be cheaper through shared memory
-(a pipe copy is ~1 GB/s here); token batches are 0.1-2 MB. Tensors numpy cannot
-hold (bfloat16) and anything that is not a tensor travel unchanged.
+Trade-off: a batch much larger than token batches are would be cheaper through shared
+memory than through a pipe copy. Tensors numpy cannot hold (bfloat16) and anything that
+is not a tensor travel unchanged.
 """
 
 from __future__ import annotations

@@ -1,15 +1,13 @@
 """A batch's arrays through shared memory: one worker writes, the training process copies out.
 
 Through the result queue a batch's bytes are copied five times: narrowed to int32,
-pickled, written into the pipe (64 KB at a time, the writer waiting for the reader),
+pickled, written into the pipe (a pipe buffer at a time, the writer waiting for the reader),
 read out of it, and widened back to int64. Here the worker writes each array once,
 narrowing as it goes, into a ring of shared memory made by the training process
 before it forks the worker, and the queue carries only where the arrays are; the
 training process widens them out of the ring (the copy it made anyway) and frees the
-space. Measured on 2 cores, 2 workers, B=8, T=2048 (328 KB a batch), man pages
-with a 100k-id BPE on tiktoken, two alternating pairs of 600-batch runs: the
-training process's CPU per batch 0.44-0.56 -> 0.34-0.44 ms, the workers'
-3.33-3.67 -> 3.13-3.17 ms, 7.6-8.3 -> 8.6-9.3 M tokens/s.
+space. That lowers the CPU per batch of both the training process and the workers
+(measured by `benchmarks/throughput.py`; see docs/performance.md).
 
 The ring is a byte ring per worker with two counters in its first bytes: ``head``
 (bytes written, advanced by the worker) and ``tail`` (bytes freed, advanced by the
@@ -22,8 +20,8 @@ whose ring is unusable (a start method that pickles the dataset: ``spawn``,
 deadlock, only the slower path.
 
 Trade-off: the ring is sized for the batches a worker may have ready
-(``prefetch_factor`` + 2 of them), ~22 MB per worker at B=8, T=2048 with the
-default 64 ready batches: about what those batches took in the worker's queue.
+(``prefetch_factor`` + 2 of them): about what those batches took in the worker's
+queue, so its memory grows with the batch shape and ``prefetch_factor``.
 """
 
 from __future__ import annotations

@@ -4,17 +4,17 @@ A worker allocates blocks of every size from several threads: row groups of
 text (up to megabytes), token arrays of long documents, batch arrays, and the
 Rust tokenizer's buffers on its own thread pool. glibc's malloc keeps freed
 memory of such a mix: its mmap threshold rises to the largest block freed so
-far (up to 32 MB), after which big blocks come from the heap and stay there,
-and each thread may get its own arena that fragments on its own. Measured on
-the stdlib corpus (2 workers, T=1023, B=2, 10,000 batches, peak RSS of both
-workers per fifth of the run): 653, 693, 722, 765, 795 MB with the defaults
-(+15% from the second fifth to the last, still rising); 616, 696, 687, 694,
-694 MB with the settings below (flat after warm-up). Tokenizing alone in a loop
-shows the same growth, so it is not a leak in tokenloom's own objects
-(``tracemalloc`` sees 2 MB of Python allocations after 6,000 batches).
+far (up to glibc's ``DEFAULT_MMAP_THRESHOLD_MAX``), after which big blocks come
+from the heap and stay there, and each thread may get its own arena that
+fragments on its own. With the defaults a worker's peak RSS keeps rising over a
+long run; with the settings below it is flat after warm-up (measured on the stdlib
+corpus; see docs/performance.md). Tokenizing alone in a loop shows the same growth,
+and ``tracemalloc`` sees only a small, steady amount of Python allocations, so it
+is not a leak in tokenloom's own objects.
 
-The settings: a fixed mmap threshold of 128 KiB (its default, minus the
-dynamic rise), so blocks that big are returned to the system when freed, and
+The settings: a fixed mmap threshold of ``MMAP_THRESHOLD_BYTES`` (128 * 1024 bytes,
+glibc's default, minus the dynamic rise), so blocks that big are returned to the
+system when freed, and
 one arena. Cost: an mmap/munmap pair per big block (a few per batch, noise next
 to tokenizing). They apply only inside loader worker processes, which
 tokenloom owns; the training process (and ``num_workers=0``) keeps its own.

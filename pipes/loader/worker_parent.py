@@ -1,12 +1,12 @@
 """A loader worker exits when its training process dies, even by SIGKILL.
 
 Why: torch's worker loop notices a dead parent only between index requests (every
-5 s) and then leaves the normal way, which joins its queue's feeder thread. That
-thread is blocked writing batches into the queue's pipe, whose read end the worker
-and its siblings still hold open (inherited at fork), so the join never returns.
-When the OOM killer took a training process (the process, not its group), its two
-workers stayed 16+ minutes, ~360 MB each (issue 14); in the test below they were
-still there after 15 s, main thread in a futex, feeder thread in ``anon_pipe_write``.
+``MP_STATUS_CHECK_INTERVAL``, torch's status-check timeout) and then leaves the normal
+way, which joins its queue's feeder thread. That thread is blocked writing batches into
+the queue's pipe, whose read end the worker and its siblings still hold open (inherited
+at fork), so the join never returns. When the OOM killer takes a training process (the
+process, not its group), its workers stay, holding their memory (issue 14): main thread
+in a futex, feeder thread in ``anon_pipe_write`` (tests/test_worker_orphans.py).
 
 Algorithm: each worker calls `exit_with_parent` at startup (`WorkerInit`, before
 the user's ``worker_init_fn``). It records its parent pid (``os.getppid()``) and
@@ -34,13 +34,13 @@ signal whose handler re-checks ``getppid`` would be safe, but Python runs the
 handler only when the worker's main thread returns to the interpreter, a user's
 ``worker_init_fn`` may replace it, and it would gain less than ``POLL_S``.
 
-Trade-off: up to ``POLL_S`` (1 s) before a worker notices, and one sleeping thread
-per worker whose wake-up costs a ``getppid`` call (0.15 us; under forkserver also
-the training process's /proc entry, 13 us). A worker whose training process lives
+Trade-off: up to ``POLL_S`` before a worker notices, and one sleeping thread
+per worker whose wake-up costs a ``getppid`` call (under forkserver also a look at
+the training process's /proc entry). A worker whose training process lives
 is never stopped: under fork and spawn the check is the kernel's own parent link.
-Measured (tests/test_worker_orphans.py, 2 workers on 2 busy cores, 4 runs): every
-worker gone 0.2-0.9 s after the training process's SIGKILL (fork and forkserver),
-1.0 s for persistent workers whose forking thread had ended long before.
+tests/test_worker_orphans.py checks that every worker is gone soon after the training
+process's SIGKILL (fork and forkserver, and persistent workers whose forking thread had
+ended long before), and measures how soon.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 Used when the C extension was not built (no compiler at install time), and by
 the tests as the reference the C core must agree with, row for row. It is
-about 20x slower than the C core; `core.IMPLEMENTATION` says which one runs.
+much slower than the C core (benchmarks/packing.py times both); `core.IMPLEMENTATION`
+says which one runs.
 """
 
 from __future__ import annotations

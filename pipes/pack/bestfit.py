@@ -18,41 +18,33 @@ floor is the tokens beyond ``C`` of documents longer than a row. Measured in
 benchmarks/RESULTS.md.
 
 The buffer is bounded in tokens as well as documents (``buffer_tokens``, by
-default 16 rows' worth in ``bestfit``, half a row per document of ``buffer_size``
-in ``crop``), and it ramps up: before
-row ``r`` it may hold ``RAMP_START + r // RAMP_EVERY`` rows' worth of tokens. So
-the first row waits for about one row of tokens instead of a whole buffer
-(buffer 1000 on long documents: the whole of each worker's shard, seconds), and
-a restore re-reads a window bounded in tokens, not only in documents. The ramp
-is a function of the rows emitted, which the state saves, so a restore fills
-exactly as the run that saved. Trade-off, measured at T=2048 (first_batch.py,
-packing.py): 16 rows pad 0.0000-0.015% on stdlib, markdown and man-page
-lengths (32 rows: up to 0.003%; 4: up to 1.8%, on man pages, where many documents
-lie between half a row and a row), against a window of 34-88k tokens per worker
-on the demo corpus instead of a whole buffer (1000 code documents: 4.5-5M
-tokens; with 2 workers buffer 1000 reached its first batch in 1.16 s, now 0.23 s
-like buffer 10); the ramp pads in the first rows only (man pages: 0.46% of the
-first 64 rows, 0.06% of the first 512; starting at 1 row and growing one row per
-4 rows emitted it was 1.7%). ``crop`` keeps a larger default because it loses less
-the more short documents it can choose from (64 rows' worth instead: up to +1.8
-points on man-page lengths).
+default ``BESTFIT_ROWS`` = 16 rows' worth in ``bestfit``, half a row per document of
+``buffer_size`` in ``crop``), and it ramps up: before row ``r`` it may hold
+``RAMP_START + r // RAMP_EVERY`` rows' worth of tokens (`fill_limit`). So the first
+row waits for about one row of tokens instead of a whole buffer (a large buffer on
+long documents would otherwise hold the whole of each worker's shard before the first
+row), and a restore re-reads a window bounded in tokens, not only in documents. The
+ramp is a function of the rows emitted, which the state saves, so a restore fills
+exactly as the run that saved. Trade-off: a larger token bound pads less (most where
+many documents lie between half a row and a row, as on man-page lengths) but makes the
+first batch wait longer and the restore window larger; the ramp pads in the first rows
+only. ``crop`` keeps a larger default because it loses less the more short documents it
+can choose from. Measured at T=2048 by benchmarks/first_batch.py and
+benchmarks/packing.py; see docs/performance.md and benchmarks/RESULTS.md.
 
 Delay bound: documents pulled more than ``max_wait`` pulls, or more than
 ``buffer_tokens`` tokens, ago start the next rows, oldest first, as many per row
 as fit, so a short document waits about ``max_wait`` pulls and a long one
 drains as soon as it arrives (its last ``< 2C`` tokens wait like a short
 document). Overdue documents come before draining: the other way round, the
-short remainder of a drained document waited while document after document of
-two rows or more drained, and the window a restore re-reads grew to 2.7 times
-the token bound (tests/test_packing_ramp.py). Without these rules largest-first keeps the longest documents
-waiting (nanochat's crop-shortest rule keeps them forever) and, on real data
-where most tokens are in long documents, the buffer fills with them: measured
-before the draining rule, 450 long documents (3.5M tokens) sat in a
-1000-document buffer and the oldest had waited 8,900 pulls. Default ``max_wait
-= buffer_size``: measured on 40,000-document streams at T=2048 (stdlib and
-markdown lengths, buffers 100-4000), it pads less than ``2 * buffer_size``
-(0.0000-0.0002% vs 0.0002-0.025%) because the short overdue documents fill
-gaps, and it halves the window a restore re-tokenizes. In ``crop`` the bound
+short remainder of a drained document would wait while document after document of
+two rows or more drained, and the window a restore re-reads would grow past the
+token bound (tests/test_packing_ramp.py). Without these rules largest-first keeps the
+longest documents waiting (nanochat's crop-shortest rule keeps them forever) and, on
+real data where most tokens are in long documents, the buffer fills with them.
+Default ``max_wait = buffer_size``: it pads less than ``max_wait = 2 * buffer_size``
+because the short overdue documents fill gaps, and it shrinks the window a restore
+re-tokenizes (measured by benchmarks/packing.py). In ``crop`` the bound
 costs discards where short documents are scarce: a policy that never forces
 (the "simple" rule in packing.py) keeps the rare short documents for the small
 gaps next to documents of nearly a row, some of them for the whole stream; with

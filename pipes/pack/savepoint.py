@@ -6,7 +6,7 @@ reader's at its batch's start; so the reader positions, the mixer's totals and t
 inside a packer's state are those of an earlier point, and what is in flight (the buffered
 documents, a tokenizer's batch not yet handed on) is known only once re-read. An elastic
 resume needs every old shard's save point; rebuilding and replaying each old shard to learn it
-cost ~0.19 s per old shard (buffer 1000), minutes per rank after a 1024-GPU x 8-worker run.
+costs a replay per old shard, and a rank after a large run would replay thousands of them.
 
 So with every state a packer also records its save point, under its ``ELASTIC`` key (see
 `SavePoint.take`): positions and counters, never tokens or text.
@@ -16,7 +16,7 @@ So with every state a packer also records its save point, under its ``ELASTIC`` 
   those a tokenizer (or chat renderer) read but has not handed on (0), and the rest of a document
   handed out in pieces (2, pipes/pieces.py), unless the packer holds its earlier pieces: its row
   then covers the whole rest, as the packer appends the pieces to one slot. Sorted, each column
-  delta-coded, zlib'd, base64: ~1-5 bytes a document (`pack_docs`).
+  delta-coded, zlib'd, base64: a few bytes a document (`pack_docs`).
 - ``sources``: per source, ``[sharder epoch, sharder index, sharder prefix count, rows of the
   current slice read, epoch of the next row, rows skipped, *branch counters]``: the reader's live
   position (what `UnitCursor.position` saves, which a `ShardUnits` restores without reading),
@@ -33,11 +33,10 @@ it was restored with: until it moves it returns that summary; after, it takes th
 live, except for the sources whose branch has not read since the restore (they stand where the
 restore put them, which the loaded summary describes: a branch only moves when pulled from).
 
-Cost (benchmarks/RESULTS.md, ``elastic``): one Python step per document pulled since the
-previous state (its origin into a per-slot table), a few numpy calls over the buffer, one pass
-per tokenizer batch, and the zlib call: ~0.1 ms a step at the default best-fit buffer (a worker's
-``state_dict()`` 34 -> 159 us), ~0.3 ms with 1,000 documents in flight (crop, 117 -> 427 us),
-~1% of a worker's batch at T=2048; ~0.35 KB of state per worker (0.8 KB with 1,000 documents).
+Cost: one Python step per document pulled since the previous state (its origin into a per-slot
+table), a few numpy calls over the buffer, one pass per tokenizer batch, and the zlib call; it
+grows with the documents in flight, as does the state's size. Measured by benchmarks/elastic.py
+(benchmarks/RESULTS.md, ``elastic``; see docs/performance.md).
 """
 
 from __future__ import annotations
@@ -96,7 +95,7 @@ def branch_counts(branch: Any) -> List[int]:
 def pack_docs(table: np.ndarray) -> str:
     """Rows of `DOC_FIELDS` as text: sorted (the order carries nothing), each column delta-coded,
     little-endian int64, zlib level 1, base64. Sorted rows of one reader differ by a row or so, so
-    a document costs ~1-5 bytes."""
+    the deltas are small and compress to a few bytes a document."""
     n = len(table)
     if n == 0:
         return _EMPTY_TEXT

@@ -20,15 +20,15 @@ is read from its text and tokenized by the same reader the cache was built with:
 counted per source in ``loader.stats()["sources"][name]["tokenized"]`` (documents
 encoded from text), or refused up front with ``cache_strict=True``.
 
-Cost: a unit is one parquet row group read (zstd, 0.9-1.0 bytes a token measured, ~2 ns a
-token to read) and per document a slice of one numpy array, ~3 us with `Tokenize` adding
-BOS, instead of decoding and encoding its text. A B=8, T=2048 batch of the stdlib corpus
-then costs 0.7 ms of CPU in one process against 5.6 ms encoding on tiktoken, 14 ms on
-tokenizers (benchmarks/cache.py). A cache on remote storage (``cache="s3://..."``) is read
-ahead as parquet sources are (readahead.py): the row groups of the units a worker reads
-next are fetched in the background, within the same byte budget; the ids are the same. It
-also starts as one does (cache_remote.py): its folders are read while the sources are listed,
-its footers go to the workers, and the build fetches their first row groups.
+Cost: a unit is one parquet row group read (zstd-compressed ids) and per document a
+slice of one numpy array, to which `Tokenize` adds BOS, instead of decoding and encoding
+its text. benchmarks/cache.py measures the CPU of a cached batch against encoding on
+tiktoken and on tokenizers (see docs/performance.md). A cache on remote storage
+(``cache="s3://..."``) is read ahead as parquet sources are (readahead.py): the row groups
+of the units a worker reads next are fetched in the background, within the same byte
+budget; the ids are the same. It also starts as one does (cache_remote.py): its folders
+are read while the sources are listed, its footers go to the workers, and the build
+fetches their first row groups.
 """
 
 from __future__ import annotations
@@ -126,7 +126,23 @@ class CachedPlan(SourcePlan):
 class ReadCached(CursorReader, SkipCount, Node[Doc]):
     """Reads the documents of the slices a `ShardUnits` node emits from a token cache, as
     `Pretokenized` ids; a unit the cache lacks is read as text (see the module docstring).
-    Null rows are skipped and counted, as the text readers do."""
+    Null rows are skipped and counted, as the text readers do.
+
+    Args:
+        parent: the `ShardUnits` node whose slices (a unit, an epoch, a range of the unit's row
+            order) this reader reads.
+        plan: the source's `SourcePlan`: its units, its name (``Doc.source``) and the reader a unit
+            the cache lacks is read through (its text, which `Tokenize` then encodes).
+        cache: the `UnitCache` `attach_cache` matched: where each unit sits in the cache files
+            (cache file and row group, or not cached), and the ids' dtype.
+        seed: seeds the row permutation per (epoch, unit), as the text readers' ``seed`` does, so
+            the rows come in the order tokenizing on the fly reads them.
+
+    State keys: ``PARENT`` (the sharder's state at the start of the current slice), ``ROW`` (rows
+    of that slice handed out, skipped ones included; a restore reloads the slice and skips them)
+    and ``SKIPPED`` (null rows skipped so far). The state of `ReadParquet` and `ReadJsonl`, so a
+    state saved reading the text loads reading the cache, and back.
+    """
 
     PARENT = "parent"
     ROW = "row"
@@ -256,7 +272,15 @@ class ReadCached(CursorReader, SkipCount, Node[Doc]):
 
 
 class ReadCachedText(ReadCached):
-    """`ReadCached` for text-file sources: `ReadText`'s state (it never skips a row)."""
+    """`ReadCached` for text-file sources: `ReadText`'s state (it never skips a row).
+
+    Args:
+        parent, plan, cache, seed: as `ReadCached`.
+
+    State keys: ``PARENT`` (``"parent"``: the sharder's state at the start of the current slice)
+    and ``ROW`` (``"row"``: rows of that slice handed out), as `ReadCached`, without ``SKIPPED``:
+    the state of `ReadText`, so a state saved reading the text loads reading the cache, and back.
+    """
 
     STATE_KEYS = (ReadCached.PARENT, ReadCached.ROW)
 

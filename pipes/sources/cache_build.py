@@ -5,7 +5,7 @@ files over the ranks of the job (largest first, each to the least loaded rank, b
 rows; the same split on every rank, whatever each has already done), and on this
 rank hand the units of its unfinished files, in order, to a pool of processes that
 read each unit through the source's own reader (rows in file order) and encode it
-in chunks of 256 documents. The parent writes the units of one file as the row
+in chunks of ``ENCODE_DOCS`` (256) documents. The parent writes the units of one file as the row
 groups of one parquet file, in order, under a temporary name; when the file's last
 unit is in, it moves the file into place and then records it in this rank's
 manifest part (also written aside and moved). A build killed at any point leaves
@@ -18,9 +18,9 @@ parquet file has one writer. A corpus of few huge files resumes in big steps and
 spreads over few ranks; within one machine its units are still encoded in parallel.
 
 Ids are stored raw, as uint16 when the vocabulary has at most 65,536 ids, else
-uint32; BOS/EOS are added by the loader. Measured on 2 cores, 2 processes, the stdlib
-corpus (4.2 M tokens, demo tokenizer): 0.9 s on tiktoken, 4.3 s on tokenizers, about
-one epoch of ``pretrain`` on the fly with 2 workers either way (benchmarks/cache.py).
+uint32; BOS/EOS are added by the loader. benchmarks/cache.py measures a build on
+tiktoken and on tokenizers against an epoch of ``pretrain`` on the fly (see
+docs/performance.md).
 """
 
 from __future__ import annotations

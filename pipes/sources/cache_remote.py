@@ -1,12 +1,12 @@
 """A token cache on remote storage: read its folders while the sources are listed, and hand the
 workers its footers and first row groups.
 
-Behind 100 ms and 20 MB/s per connection (benchmarks/remote_peers.py) ``pretrain`` on a token
-cache in S3 reached its first batch in 1.45 s, twice the 0.71 s of tokenizing the same text from
-the same bucket. After the sources' listing (3 round trips in a row) the cache's own reads ran one
-after another: the source's cache folder listed twice, its manifest opened and read, ``tokens/``
-listed (5 round trips); then every loader worker opened each cache file and read its footer before
-it fetched its first row group (3 more).
+Why: read when matching asks and one after another, a remote cache's own reads would be round
+trips in a row after the sources' listing, before the first batch: the source's cache folder
+listed, its manifest opened and read, ``tokens/`` listed; and then every loader worker would open
+each cache file and read its footer before it fetched its first row group. benchmarks/remote_peers.py
+measures the first batch from a token cache in S3 against tokenizing the same text from the same
+bucket (see docs/performance.md).
 
 - `read_cache` reads one source's cache folder: one listing of it and its ``tokens/``, then its
   manifest parts (all at once) beside every cache file there, opened and its footer read,
@@ -20,9 +20,10 @@ it fetched its first row group (3 more).
 
 Trade-off: the cache files of other contents under ``tokens/`` (a source file rewritten since the
 build) are opened and their footers read too, then closed at matching: a round trip's work each, in
-parallel. A local cache is read as before, when matching asks. Errors come where they came: a failed
-listing or manifest is raised at matching, in source order, with the same message; a cache file
-whose footer cannot be read is not shipped, and the worker that reads it names it, as before.
+parallel. A local cache is read when matching asks, in the calling thread. Errors are raised where a
+synchronous read raises them: a failed listing or manifest at matching, in source order, with the
+message a read at matching gives; a cache file whose footer cannot be read is not shipped (nor, then, is any footer
+of its source), and the worker that reads it names it.
 """
 
 from __future__ import annotations

@@ -13,22 +13,15 @@ data or an index, against re-decompressing. The listing merges a compressed file
 units into ``UNITS_PER_COMPRESSED_FILE`` (8; more of ``max_unit_bytes`` in a larger
 file), so an epoch, whose unit order is shuffled, decompresses each file about
 (8 + 1) / 2 = 4.5 times, and a resume decompresses from the file start to the end
-of its unit. Measured on this 2-core machine at a quiet moment
-(benchmarks/json_sources.py: 100 MB of JSON lines, stdlib sources cut into ~900-byte
-stories; twice as slow while other jobs load the machine):
-
-    gzip   20 MB: listing 0.21 s, resume mid-file 0.10 s, a read epoch 1.09 s
-    zstd   22 MB: listing 0.07 s, resume mid-file 0.03 s, a read epoch 0.63 s
-    bz2    16 MB: listing 1.5 s,  resume mid-file 0.75 s, a read epoch 5.2 s
-    plain 100 MB: listing 0.02 s, resume mid-file ~1 ms,  a read epoch 0.43 s
-
-(a read epoch: every document parsed once, units shuffled), against minutes to
-tokenize the same 100 MB.
+of its unit. benchmarks/json_sources.py measures listing, a resume mid-file and a read
+epoch (every document parsed once, units shuffled) per codec (gzip, zstd, bz2) against
+plain JSON lines; decompressing is cheap next to tokenizing the same text (see
+docs/performance.md).
 
 On remote storage the compressed bytes are read ahead in order (`listing_at_once.InOrder`:
-1 MiB positional reads, 8 in flight) instead of in the codec's own 64 KB reads, a request
-each: 2.8 MB of gzip (12.6 MB of jsonl) behind 100 ms and 20 MB/s read in 1.14 s an
-epoch instead of 5.4 s, and listed in 1.7 s instead of 2.8 s.
+positional reads of ``BLOCK_BYTES``, ``BLOCKS_AHEAD`` in flight) instead of in the codec's
+own small reads (``64 << 10`` bytes), a request each; both a read epoch and the listing of
+a remote compressed file are faster for it (figures in docs/performance.md).
 
 Content key (fingerprint.py): a hash of the file's last 64 compressed bytes and
 where its data ends once decompressed (found by the listing). The tail of a gzip

@@ -34,6 +34,23 @@ class Example(NamedTuple):
 
 
 class ReadList(Node[Example]):
+    """An in-memory sequence read as one unit of rows: each shard's share of a seeded per-epoch
+    permutation, as `Example` s (see the module docstring).
+
+    Args:
+        parent: the `ShardUnits` node over one unit of ``len(items)`` rows.
+        items: the examples. A mapping comes out as a dict copy with ``dataset_name`` (``source``)
+            and ``dataset_idx`` (``index``) added; anything else as it is.
+        source: the dataset's name (``dataset_name``, and `Example.source`, which `BatchExamples`
+            counts by).
+        index: the dataset's index among the loader's datasets (``dataset_idx``).
+        seed: seeds the row permutation of each epoch.
+        shuffle: False: rows in list order every epoch.
+
+    State keys: ``PARENT`` (the sharder's state at the start of the current slice) and ``ROW``
+    (rows of that slice handed out): a position; a restore takes the slice again and skips.
+    """
+
     PARENT = "parent"
     ROW = "row"
     STATE_KEYS = (PARENT, ROW)
@@ -66,7 +83,14 @@ class ReadList(Node[Example]):
 
 
 class Take(Node[Any]):
-    """The first ``n`` items of the parent, then the end."""
+    """The first ``n`` items of the parent, then the end.
+
+    Args:
+        parent: the node whose items are handed on.
+        n: items handed on before the end (``0``: none).
+
+    State keys: ``PARENT`` (the parent's state) and ``COUNT`` (items handed on so far).
+    """
 
     PARENT = "parent"
     COUNT = "count"
@@ -111,6 +135,21 @@ def default_collate(batch: List[Any]) -> Any:
 
 
 class BatchExamples(Node[Any]):
+    """Batches of ``batch_size`` examples collated by ``collate_fn``, counting per dataset the
+    examples delivered (see the module docstring).
+
+    Args:
+        parent: a node of `Example` (a `ReadList`, or several mixed).
+        batch_size: examples a batch holds (the last one may hold fewer).
+        sources: the dataset names, in the order `counts` reports them.
+        collate_fn: a list of example values -> the batch (default `default_collate`).
+        drop_last: a short last batch is dropped (sent on as a ``DROP_KEY`` marker the loader
+            drops, its examples counted as dropped) instead of delivered.
+
+    State keys: ``PARENT`` (the parent's state), ``COUNTS`` (examples delivered so far, by dataset
+    name) and ``DROPPED`` (examples of the short batches dropped).
+    """
+
     PARENT = "parent"
     COUNTS = "counts"
     DROPPED = "dropped"

@@ -25,15 +25,14 @@ A remote filesystem is not used across a fork: its client keeps HTTP connections
 open, and loader workers forked from the process that listed the files would share
 those sockets, so two workers' requests on one connection read each other's
 responses (seen as "Parquet magic bytes not found" or a thrift error on a good
-file, with 2 workers and 100 ms of latency). A forked process opens files through
+file, with several workers behind a store's latency). A forked process opens files through
 its own copy of the filesystem (`process_fs`: unpickled once per process, the same
 options, new connections). Sources on the same store with the same options share one
 copy: pyarrow makes a new S3 client wait until the requests of the process's other
-clients in flight have ended, so a second source's first request waited one round
-trip behind the first source's (measured: 113 ms behind 100 ms of latency). The same wait
-held back a loader's build, which lists its remote sources at once: within `shared_filesystems`
-(the recipes' listing) URIs of one bucket with the same options resolve to one filesystem, made
-before any request is in flight.
+clients in flight have ended, so a second source's first request would wait about one
+round trip behind the first source's. The same wait would hold back a loader's build, which
+lists its remote sources at once: within `shared_filesystems` (the recipes' listing) URIs of
+one bucket with the same options resolve to one filesystem, made before any request is in flight.
 """
 
 from __future__ import annotations
@@ -314,9 +313,9 @@ def shared_filesystems(specs: Sequence[Any] = ()) -> Iterator[None]:
     scheme, user, bucket and query) resolve to one filesystem object, made here in turn, in whatever
     thread they are listed. pyarrow makes a new S3 client wait until the requests of the process's
     other clients in flight have ended (see the module docstring): sources listed at once, each making
-    its own client, went one after the other (the second source's ``FileSystem.from_uri`` waited out
-    the first one's listing: 116 ms behind 100 ms of latency). Only for the while: a filesystem keeps
-    the credentials of when it was made."""
+    its own client, would go one after the other (the second source's ``FileSystem.from_uri`` waits out
+    the first one's listing, about a round trip). Only for the while: a filesystem keeps the
+    credentials of when it was made."""
     by_uri: Dict[str, Tuple[pafs.FileSystem, str]] = {}
     by_key: Dict[str, pafs.FileSystem] = {}
     for spec in specs:

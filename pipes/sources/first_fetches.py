@@ -9,23 +9,23 @@ fetches: a worker starts with their bytes in its memory and takes them by key, a
 ``(file, row group)`` (readahead.py's `RowGroupReadAhead`), a line unit ``(file, start)``
 (unit_readahead.py's `UnitReadAhead`).
 
-How much: per shard, units until ``FIRST_SHARD_BYTES`` (1 MiB; at least one, at most
+How much: per shard, units until ``FIRST_SHARD_BYTES`` (``1 << 20``; at least one, at most
 ``DEPTH`` looked at), enough to tokenize while the worker opens its files and its own
 fetches come back. Within a file, ranges less than ``FIRST_HOLE`` apart are joined into
 requests of up to ``FIRST_PART``: the first MiB of a shard can be dozens of small row
-groups, and requests beyond the pool's threads wait a round trip. Behind 100 ms and
-20 MB/s (benchmarks/remote.py) 4 units a shard left a worker waiting ~0.15 s in its first
-batches on a source of 25 KB row groups; 1 MiB does not. The building process holds at
-most ``FIRST_BYTES`` a source (and as much again for a restore), and lets go of them once
-its workers have forked.
+groups, and requests beyond the pool's threads wait a round trip. The bound is in bytes,
+not in units, because a few units a shard of a source of small row groups leave a worker
+waiting in its first batches (benchmarks/remote.py; see docs/performance.md). The building
+process holds at most ``FIRST_BYTES`` a source (and as much again for a restore), and lets
+go of them once its workers have forked.
 
 A resume loads its state after the build: the units planned from the start are then mostly
 not the ones its workers read first. `fetch_first_from` adds those of the loaded positions
 (the recipe's graph finds them in the state, `PackedGraph.fetch_first`) with the handles the
-build kept open for it, before the workers fork: behind 100 ms and 20 MB/s (benchmarks/remote.py)
-a parquet resume's first batch came 0.23 s later than a fresh start's (its workers opened their
-files and fetched, two round trips), and now comes 0.12 s later (0.80 s; the replay of the
-packer's window); a jsonl resume's 0.69 s, as a fresh start's.
+build kept open for it, before the workers fork, so a resumed worker too starts with its first
+units in memory instead of opening its files and fetching them (two round trips).
+benchmarks/remote.py measures a resume's first batch against a fresh start's, for parquet
+and jsonl sources (see docs/performance.md).
 """
 
 from __future__ import annotations
@@ -314,9 +314,9 @@ def unit_ranges(units: Any, column: Optional[str]) -> Optional[Callable[[int], T
 
 
 def _line_parts(units: Any, u: int) -> List[Tuple[int, int]]:
-    """Line unit ``u``'s byte range in parts of `unit_readahead.PART_BYTES` (1 MiB), fetched at once, as a
-    worker fetches a unit it waits for: a 3.7 MB unit in one request takes ~0.3 s behind 100 ms and 20 MB/s
-    per connection, in parts ~0.15 s (a worker joins the parts it takes, whatever the split)."""
+    """Line unit ``u``'s byte range in parts of `unit_readahead.PART_BYTES` (``1 << 20``), fetched at once,
+    as a worker fetches a unit it waits for: a store's bandwidth is per connection, so a long unit comes
+    sooner in parts than in one request (a worker joins the parts it takes, whatever the split)."""
     start, end, part = int(units.start[u]), int(units.end[u]), unit_readahead.PART_BYTES
     return [(off, min(part, end - off)) for off in range(start, end, part)]
 

@@ -10,18 +10,16 @@ a contiguous ``select``/``shard`` is a row range, ``select_columns``/``remove_co
 ``rename_column`` change the column's name in the file, a ``cast`` keeps its values;
 ``concatenate_datasets`` is a list of such pieces. Each file is memory-mapped and its
 record batches listed (metadata only, zero-copy). Work units are the record batches cut
-to those rows, and batches longer than `UNIT_ROWS` are cut into row ranges, so a unit is
-at most ~10 MB of Python strings at 1 KB a document. The reader is `ReadParquet` over
+to those rows, and batches longer than `UNIT_ROWS` are cut into row ranges, so a unit
+holds at most ``UNIT_ROWS`` (10,000) documents. The reader is `ReadParquet` over
 another container: a worker maps each file once, slices a unit (zero-copy) and copies
 only the rows of its shard, in the same seeded order, with the same state, resume and
 null handling. No Python row of the dataset is ever iterated.
 
 Only file paths cross into loader workers, never the Dataset: a `SourcePlan` pickles to
-~3 KB for 100 units and ~240 KB for 10,000 (24 bytes a unit). Measured on this 2-core
-machine (best of 7), a save_to_disk folder of 91 MB (100,000 documents of ~0.9 KB, 100
-record batches of 1,000 rows): listing 2.4 ms (the same dataset as a Dataset object:
-2.1 ms); reading every document in one shard's order 0.09 s, against 0.18 s for the same
-texts from parquet row groups of 10,000 rows.
+its files and four integer arrays, 24 bytes a unit. Listing a ``save_to_disk`` folder or
+the same Dataset object, and reading every document in one shard's order against the same
+texts from parquet row groups, are measured in docs/performance.md.
 
 Refused, with what to do instead:
 
@@ -341,7 +339,20 @@ def list_hf_units(name: str, spec: Any, column: str, *, require: Optional[str] =
 
 class ReadArrow(ReadParquet):
     """`ReadParquet` over a dataset's Arrow files: the same slices, order, state and resume;
-    a unit is a zero-copy slice of a memory-mapped file."""
+    a unit is a zero-copy slice of a memory-mapped file.
+
+    Args:
+        parent: the `ShardUnits` node whose slices this reader reads.
+        units: the dataset's `ArrowUnits` (listing): unit ``i`` is a row range of a file's column.
+        column: the column's name in the dataset (``Doc.text``); each file's own name for it
+            is in ``units``.
+        source, seed, shuffle_rows: as `ReadParquet`. There is no ``readahead``: the files are
+            memory-mapped, read synchronously.
+
+    State keys: as `ReadParquet`: ``PARENT`` (``"parent"``: the sharder's state at the start of
+    the current slice), ``ROW`` (``"row"``: rows of that slice handed out) and ``SKIPPED``
+    (``"skipped"``: null rows skipped so far).
+    """
 
     def __init__(self, parent: Any, units: ArrowUnits, *, column: str = "text", source: str = "", seed: int = 0,
                  shuffle_rows: bool = True):

@@ -1,6 +1,6 @@
 """JSON-array files: one ``[{...}, {...}, ...]`` per file, one document per element.
 
-A file like TinyStories' (140 MB, one array of ~100k objects on one line) is listed
+A file like TinyStories' (one array of about 100k objects on one line) is listed
 the way a jsonl file is: one streaming pass in ``CHUNK_BYTES`` blocks that never
 parses a document, only finds where each top-level element starts. Units are byte
 ranges of whole elements (up to ``rows_per_unit`` of them, cut earlier at
@@ -16,11 +16,10 @@ unescaped quotes before a byte says whether it is inside a string, so brackets,
 braces and commas inside strings are ignored; the nesting depth is a cumulative
 sum over the remaining brackets and braces; the commas at depth 1 separate elements.
 Carried across blocks: inside-a-string, the depth, and a trailing run of backslashes
-(moved to the next block whole). Measured on this 2-core machine at a quiet moment
-(benchmarks/json_sources.py): 0.28 s for 100 MB of a one-line array of ~900-byte
-stories cut from source code, where quotes, brackets and escaped newlines are dense:
-~360 MB/s, 2.8 ms per MB (about twice that while other jobs load the machine); the
-jsonl line listing of the same stories takes ~0.03 s, and reading them ~0.5 s.
+(moved to the next block whole). benchmarks/json_sources.py measures the scan on a
+one-line array of stories cut from source code, where quotes, brackets and escaped
+newlines are dense, against the jsonl line listing and the reading of the same stories
+(see docs/performance.md).
 
 What the scan checks, naming the file, byte offset and line: the array is closed
 (not cut off inside a string or with brackets open), is closed by ``]``, and only

@@ -7,7 +7,7 @@ line a JSON value that is not an object, or one that goes on past the line, as a
 pretty-printed object does) is refused in one line naming it. A source may mix
 the two layouts and compressed and plain files.
 
-Listing is the line listing of `text_files` (one numpy pass per file, ~1.1 GB/s):
+Listing is the line listing of `text_files` (one numpy pass per file, line_listing.py):
 units of up to ``rows_per_unit`` non-blank lines, each recorded with its byte
 range and first line number, so a reader seeks straight to a unit. Blank
 (empty or whitespace-only) lines are not documents: listing leaves them out of
@@ -16,10 +16,10 @@ file is parsed at listing, so a wrong field name fails in the calling process
 with the keys the file does have, before any worker starts.
 
 Reading loads one unit's bytes, splits them into lines, and parses only the
-lines it hands out. ``json.loads`` per document dominates: ~140k docs/s (180 MB/s)
-for 1.3 KB documents on this machine, 0.85x a bare ``for line in f: json.loads(line)``
-loop over the same file in the same run. The state is the `UnitCursor` position (sharder state
-at the slice start + rows handed out) plus the count of skipped lines.
+lines it hands out. Parsing each document (``json.loads``' decoder) dominates the
+cost of reading; docs/performance.md sets it against a bare ``for line in f:
+json.loads(line)`` loop over the same file. The state is the `UnitCursor`
+position (sharder state at the slice start + rows handed out) plus the count of skipped lines.
 
 Bad lines, and what happens to them (the location is always the file and the
 1-based line number in that file; for an array element, its index in the file,
@@ -279,7 +279,25 @@ def _table(files: Sequence[SourceFile], results: Sequence[Any], inspect: Callabl
 class ReadJsonl(CursorReader, SkipCount, Node[Doc]):
     """Reads ``field`` of every JSON line (or array element) of the slices a `ShardUnits` node
     emits: ``Doc(value, source, unit, row)`` with ``row`` the record's index among the unit's
-    non-blank lines (or elements), in file order. See the module docstring for bad lines."""
+    non-blank lines (or elements), in file order. See the module docstring for bad lines.
+
+    Args:
+        parent: the `ShardUnits` node whose slices this reader reads.
+        units: the source's units from `list_jsonl_units` (kind ``"lines"``; a `JsonUnitTable`
+            says which files are JSON arrays).
+        field: the key whose value is the document (``Doc.text``).
+        source: the source's name (``Doc.source``, and in messages).
+        seed: seeds the row permutation per (epoch, unit).
+        shuffle_rows: False: records in file order (what a token cache is built from).
+        on_error: ``"raise"`` (default) or ``"skip"`` a bad line: malformed JSON, invalid UTF-8,
+            not an object, a missing field, a value of the wrong type.
+        on_null: ``"skip"`` (default) or ``"raise"`` a null value.
+        require_type: the type (or types) the value must have, e.g. ``str`` or ``list``; None: any.
+
+    State keys: ``PARENT`` (the sharder's state at the start of the current slice), ``ROW``
+    (records of that slice handed out, skipped ones included; a restore reads the unit again and
+    skips them) and ``SKIPPED`` (bad and null lines skipped so far).
+    """
 
     PARENT = "parent"
     ROW = "row"

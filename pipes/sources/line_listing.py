@@ -4,9 +4,8 @@ Listing reads each file once, in ``CHUNK_BYTES`` blocks, with numpy: newlines
 are found with one vectorised compare, and only lines that are empty or start
 with ASCII whitespace can be *blank* (whitespace-only); those are resolved all
 together, one byte of indentation per numpy step, so no Python code runs per
-line. Measured on this 2-core machine on a quiet moment: ~1.1 GB/s for a 50 MB
-jsonl file from the page cache, ~1.0 GB/s for 50 MB of paragraphs in which 80%
-of lines are indented (about half that while other jobs load the machine).
+line. Its throughput, on jsonl and on heavily indented paragraphs, is in
+docs/performance.md.
 
 A unit is recorded as ``(start byte, end byte, first line number, rows)`` in a
 `LineUnitTable` (text_files.py, which also says what the row kinds are). Remote files

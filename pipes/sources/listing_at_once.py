@@ -2,10 +2,10 @@
 
 Listing a jsonl or text source reads every file whole, because its units are line
 ranges (line_listing.py). From local disk that runs at the page cache's speed. From an
-object store it ran one file after another, and each file one ``CHUNK_BYTES`` block
-after another, so every block cost a request's latency and its transfer on one
-connection. Behind 100 ms and 20 MB/s per connection, 15 MB in 9 jsonl files took
-3.2 s to list: 34x local disk's whole first batch (benchmarks/remote.py --format jsonl).
+object store, read as local files are (one file after another, each file one
+``CHUNK_BYTES`` block after another), every block would cost a request's latency and
+its transfer on one connection, before the first batch (benchmarks/remote.py --format
+jsonl measures the listing; figures in benchmarks/RESULTS.md ``remote-jsonl``).
 
 Here a remote source's files are listed ``LIST_THREADS`` at a time (`each_file`, which
 parquet's footers use too). A remote file that is not compressed is read by positional
@@ -14,15 +14,17 @@ because a store's bandwidth is per connection; a jsonl file's first bytes (is it
 array?) come from the same reads (`first_byte_of`), so a file costs an open and its reads. The scan takes the blocks in file order,
 so it sees the same bytes in the same order as a sequential read, and lists the same
 units. A compressed file is one stream and is still read in order, but it runs beside
-the other files. Local files are read as before, one after another.
+the other files. Local files are read one after another.
 
 The trade-off is memory: a file being listed holds at most ``BLOCKS_AHEAD`` x
-``BLOCK_BYTES`` (8 MiB, as one sequential ``CHUNK_BYTES`` block did) and up to
-``LIST_THREADS`` files are listed at once, so a listing holds up to 256 MiB, on a remote
-source of 32 files of 8 MiB or more; the reads share the process's ``LIST_THREADS`` threads (`read_pool`). Figures are in benchmarks/RESULTS.md ``remote-jsonl``.
+``BLOCK_BYTES`` (``8 << 20`` bytes, one sequential ``CHUNK_BYTES`` block's worth) and up to
+``LIST_THREADS`` files are listed at once, so a listing holds up to ``LIST_THREADS`` x
+``BLOCKS_AHEAD`` x ``BLOCK_BYTES`` (``256 << 20`` bytes), on a remote source of ``LIST_THREADS``
+files of ``BLOCKS_AHEAD`` x ``BLOCK_BYTES`` or more; the reads share the process's
+``LIST_THREADS`` threads (`read_pool`).
 
 A listing that keeps its files for the first fetches (line_listing.py, jsonl.py) also keeps the
-bytes it read of whole files, up to ``KEEP_BYTES`` (32 MiB) a source (`KeptBytes`, `in_memory`):
+bytes it read of whole files, up to ``KEEP_BYTES`` (``32 << 20``) a source (`KeptBytes`, `in_memory`):
 the process that builds the loader then reads its workers' first units from memory rather than
 fetch them again, a round trip and the transfer less before the first batch. Those bytes are held
 until the workers have forked, as the fetched units would have been.
@@ -197,8 +199,8 @@ def pool_for(files: Sequence[SourceFile]) -> Optional[ThreadPoolExecutor]:
 class InOrder(io.RawIOBase):
     """A remote file read from its start to its end, ``BLOCKS_AHEAD`` positional reads of ``BLOCK_BYTES``
     in flight (`blocks_at_once`): what a decompressing stream reads from. pyarrow's codecs read their
-    input 64 KB at a time, and each read was a request on a remote file: ~0.6 MB/s of a gzip file behind
-    100 ms. Closing it ends the reads in flight, then closes ``handle``."""
+    input ``64 << 10`` bytes at a time, and on a remote file each such read would be a request, a round
+    trip each. Closing it ends the reads in flight, then closes ``handle``."""
 
     def __init__(self, handle: Any, size: int):
         self.handle = handle

@@ -28,14 +28,11 @@ refused naming its format (their listing reads the lines, and needs no index).
 The index is plain JSON read with ``json.loads`` and checked key by key (keys
 are the constants below); nothing in it is evaluated or unpickled.
 
-Measured on this 2-core machine, ``plan_source`` (listing included), best of 3-7:
-400 local files 68 ms from footers, 27 ms from the index; 200 objects on S3
-(moto's server on loopback, so no network latency) 2.4 s from footers, 75 ms from
-the index (footers read one by one; read 32 at a time since, parquet.py, 200 objects
-behind 100 ms of latency take 2.4 s instead of 51 s, and the index one request). Footer
-reads at build: N without an index, 0 with one (`tests/test_manifest.py` counts them).
-Whether a directory holds an index is seen in the listing of a glob or a directory
-(`SourceFile.index_listed`), so only a single-file spec costs a lookup for it.
+Footer reads at build: N without an index (``LIST_THREADS`` at a time on remote storage,
+parquet.py), 0 with one, which is one request (`tests/test_manifest.py` counts them).
+``plan_source`` from footers and from the index, on local files and on S3, is measured in
+docs/performance.md. Whether a directory holds an index is seen in the listing of a glob or
+a directory (`SourceFile.index_listed`), so only a single-file spec costs a lookup for it.
 """
 
 from __future__ import annotations

@@ -12,6 +12,17 @@ from ..base import Node
 
 
 class FromList(Node[Any]):
+    """Items ``[0, n)`` of an in-memory sequence, in order, optionally cycled (see the module docstring).
+
+    Args:
+        items: the sequence.
+        passes: passes over it before the end (default 1); None cycles forever (``items`` must not
+            be empty).
+
+    State keys: ``INDEX`` (the index of the next item in the current pass; ``len(items)`` at a
+    pass's end) and ``PASS`` (the current pass, from 0): a restore is O(1).
+    """
+
     INDEX = "index"
     PASS = "pass"
     STATE_KEYS = (INDEX, PASS)

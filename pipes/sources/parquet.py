@@ -4,8 +4,8 @@ Listing opens each file's footer once (in the process that builds the loader)
 and records ``(file, row group, rows)`` for every non-empty row group; the
 resulting `UnitTable` is three small integer arrays, so it crosses into loader
 workers cheaply. Reading loads one row group's text column at a time, so memory
-is bounded by the largest row group (a 128 MB row group of text is ~128 MB in
-Arrow), whatever the corpus size.
+is bounded by the largest row group (a row group of text takes about its own size
+in Arrow), whatever the corpus size.
 
 Inside a unit, rows are visited in a seeded permutation per (epoch, unit); a
 shard reads positions ``[lo, hi)`` of that permutation, so shards that split a
@@ -18,22 +18,19 @@ Bad files fail with the file (and row group, and row) named: an unreadable foote
 worker starts; a corrupt row group fails when a worker reads it. Pages are read
 with checksum verification, so a file written with page checksums
 (``write_page_checksum=True`` in pyarrow) turns any corrupt byte into an error
-instead of wrong text; it adds ~25% to the parquet read time measured on 30 MB
-of text (163 vs 129 ms), far below the tokenizer's cost for the same text.
+instead of wrong text; verifying adds to the parquet read time, far below the
+tokenizer's cost for the same text (see docs/performance.md).
 Files with no rows contribute nothing and are not checked. A file whose size
 changed since listing is refused when a worker opens it.
 
-Listing reads each footer itself (the last 64 KiB, one read as in pyarrow) and
-hashes its bytes: the file's content key in resume fingerprints (fingerprint.py),
-so a same-size rewrite is told apart at resume. Measured on local files from the
-page cache, best of 15, against pyarrow's own footer read: 400 files with 8 row
-groups, 16.6 vs 14.9 ms (+4 us a file); 200 files with 80 row groups (53 KB
-footers), 24.0 vs 17.9 ms (+30 us a file, sha256 at ~2 GB/s). On S3 a footer is a
+Listing reads each footer itself (the file's last ``TAIL_BYTES``, one read as in pyarrow;
+parquet_footer.py) and hashes its bytes: the file's content key in resume fingerprints
+(fingerprint.py), so a same-size rewrite is told apart at resume. Reading and hashing it
+costs little beyond pyarrow's own footer read (see docs/performance.md). On S3 a footer is a
 round trip either way (two with the size lookup pyarrow makes when it opens a file), so
 remote footers are read ``LIST_THREADS`` (32, listing_at_once.py) at a time, the first bad file in order
-still being the one named: 200 objects behind 100 ms of latency per request list in
-2.4 s instead of 51 s one by one (moto's S3 on loopback behind benchmarks/remote.py's
-proxy; 64 at a time is no faster). Their bytes, up to ``SHIP_FOOTERS`` (8 MiB) a source,
+still being the one named (benchmarks/remote.py's proxy in front of moto's S3 measures it).
+Their bytes, up to ``SHIP_FOOTERS`` (``8 << 20``) a source,
 go to the loader workers with the units, so a worker reads no footer before its first
 row groups (readahead.py). The files listing opened for them (each open is pyarrow's size lookup,
 a round trip) stay open until the recipe has fetched, in the process that builds the loader, the
@@ -126,7 +123,7 @@ class Footer:
 
 
 def read_footer(f: SourceFile) -> Footer:
-    """Read ``f``'s footer once (one read of its last 64 KiB, as pyarrow does); an unreadable
+    """Read ``f``'s footer once (one read of its last ``TAIL_BYTES``, as pyarrow does); an unreadable
     one is a `ValueError` naming the file."""
     remote = f.fs.type_name != "local"
     handle = None
@@ -255,9 +252,23 @@ class ReadParquet(CursorReader, SkipCount, Node[Doc]):
     recipe's ``loader.stats()``) and reported once per worker with their location,
     so a few bad rows do not stop a run and are never lost silently.
 
-    Row groups on remote storage are fetched ahead in the background (readahead.py):
-    ``readahead`` is the byte budget (0: read synchronously; None: ``TOKENLOOM_READAHEAD``,
-    by default 64 MiB for remote files and none for local ones).
+    Row groups on remote storage are fetched ahead in the background (readahead.py).
+
+    Args:
+        parent: the `ShardUnits` node whose slices (a unit, an epoch, a range of the unit's row
+            order) this reader reads.
+        units: the source's `UnitTable` (listing): unit ``i`` is a row group of a file.
+        column: the text column read (``Doc.text``).
+        source: the source's name (``Doc.source``, and in messages).
+        seed: seeds the row permutation per (epoch, unit).
+        shuffle_rows: False: rows in file order (what a token cache is built from).
+        readahead: the read-ahead byte budget (0: read synchronously; None: by
+            ``TOKENLOOM_READAHEAD``, readahead.py's ``DEFAULT_BYTES`` for remote files and
+            none for local ones).
+
+    State keys: ``PARENT`` (the sharder's state at the start of the current slice), ``ROW`` (rows
+    of that slice handed out, null ones included; a restore reads the row group again and skips
+    them) and ``SKIPPED`` (null rows skipped so far). A position: no text is stored.
     """
 
     PARENT = "parent"

@@ -15,10 +15,11 @@ lookup, one request) once per worker.
   changes when bytes arrive. Nothing fetched goes into the state: the reader's state
   is still its position, and a restore starts fetching from the restored position.
 - **Bounded.** Bytes fetched (or in flight) and not yet taken by the reader are
-  counted against a budget (``TOKENLOOM_READAHEAD_BYTES``, default 64 MiB per reader,
-  and at most ``DEPTH`` units ahead); ranges are reserved in the reader's order, so a
-  later unit never takes the budget from an earlier one, and a unit larger than the
-  budget is fetched alone. Footers are kept for ``max(OPEN_FILES, 2 * DEPTH)`` files.
+  counted against a budget (``TOKENLOOM_READAHEAD_BYTES``, default ``DEFAULT_BYTES``,
+  ``64 << 20`` per reader, and at most ``DEPTH`` units ahead); ranges are reserved in the
+  reader's order, so a later unit never takes the budget from an earlier one, and a unit
+  larger than the budget is fetched alone. Footers are kept for ``max(OPEN_FILES, 2 * DEPTH)``
+  files.
 - **Parallel.** Ranges longer than ``PART_BYTES`` are fetched as several range reads
   at once (an object store's bandwidth is per connection); column chunks closer than
   ``HOLE_BYTES`` are read as one range.
@@ -36,7 +37,7 @@ lookup, one request) once per worker.
   recipe as soon as listing has read the footers, with the files listing opened), and a fork
   waits for those fetches: a worker starts with their bytes in its memory and takes them by
   key instead of opening the files and fetching (two round trips after the fork).
-- **Errors where they were.** An error while fetching a unit (or its file's footer)
+- **Errors where a synchronous read has them.** An error while fetching a unit (or its file's footer)
   is kept with that unit and raised when the reader reaches it, so the reader names
   the file and row group as a synchronous read does; a fetch never leaves the reader
   waiting on nothing (every task ends by setting its result or its error).
@@ -48,18 +49,14 @@ Where: ``TOKENLOOM_READAHEAD=auto`` (the default) reads ahead from remote filesy
 (S3, GCS, HDFS, ...) and reads local files synchronously, from the page cache, where
 there is no latency to hide; ``all`` reads ahead from local files too, ``0`` nowhere.
 
-Measured on 2 cores (benchmarks/remote.py, RESULTS.md ``remote``: pretrain of two
-sources, 9 files of 1-8 row groups, T=2048, B=8, 2 workers; moto's S3 on loopback behind
-a proxy that answers each request after the latency and paces each connection; best of
-6 runs): behind 100 ms and 20 MB/s, 4.40 M tokens/s, 1.02x local disk's best (0.99x within
-rounds), where reading synchronously gave 0.10x and this code before its first fetches went
-by bytes and a unit brought back kept its bytes 0.86x; behind 50 ms and 100 MB/s, 1.01x
-(synchronously 0.15x). The trade-off: a worker holds up to 64 MiB and 16 units fetched
-ahead per source, spends ~2% more CPU per token (the store's own included), and may fetch
-units a restore then drops; the building process holds up to 1 MiB per shard and source
-until the fork. First batch behind 100 ms: 0.63 s (6x local disk's 0.10 s): 4 round trips
-in a row are left (listing, pyarrow's size lookup, footer, first units). Local disk: the
-same tokens/s with read-ahead forced on as without (1.07x best, 0.95x within rounds).
+The trade-off: a worker holds up to its budget and ``DEPTH`` units fetched ahead per
+source, spends a little more CPU per token (the store's own included), and may fetch
+units a restore then drops; the building process holds up to ``FIRST_SHARD_BYTES`` per
+shard and source until the fork. A first batch from remote storage still waits for four
+round trips in a row: listing, pyarrow's size lookup, footer, first units.
+benchmarks/remote.py (RESULTS.md ``remote``) measures tokens per second and the first
+batch behind a slow store against local disk, with read-ahead on, off, and forced on for
+local disk; figures in docs/performance.md.
 """
 
 from __future__ import annotations

@@ -294,8 +294,18 @@ class ReadText(CursorReader, Node[Doc]):
     """Reads the documents of plain-text units (`list_text_units`): ``Doc(text, source, unit,
     row)`` with ``row`` the document's index in its unit, in file order.
 
-    ``errors="strict"`` raises on invalid UTF-8 naming the file and byte offset;
-    ``"replace"`` reads such bytes as U+FFFD.
+    Args:
+        parent: the `ShardUnits` node whose slices this reader reads.
+        units: the source's units from `list_text_units` (kind ``"paragraphs"`` or ``"file"``).
+        source: the source's name (``Doc.source``, and in messages).
+        seed: seeds the row permutation per (epoch, unit).
+        shuffle_rows: False: documents in file order (what a token cache is built from).
+        errors: ``"strict"`` raises on invalid UTF-8 naming the file and byte offset;
+            ``"replace"`` reads such bytes as U+FFFD.
+
+    State keys: ``PARENT`` (the sharder's state at the start of the current slice) and ``ROW``
+    (documents of that slice handed out; a restore reads the unit again and skips them). No
+    skipped count: a text reader skips no document.
     """
 
     #: A paragraph is text whatever it holds: a text reader skips no row (the reader protocol's count).

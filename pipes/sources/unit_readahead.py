@@ -3,8 +3,8 @@
 A line unit is one byte range of one file, known from listing (`LineUnitTable`), and the
 sharder's plan says which units a reader loads next (`ShardUnits.ahead`). Read
 synchronously, every unit costs the worker a request's latency and transfer between two
-stretches of tokenizing: behind 100 ms, a jsonl source of 256 KiB units gave ~0.1x local
-disk's tokens/s, as parquet did before its read-ahead (readahead.py). Here the next units
+stretches of tokenizing, as a row group does without readahead.py (benchmarks/remote.py
+--format jsonl measures it; see docs/performance.md). Here the next units
 are fetched by the process's read-ahead threads (the pool readahead.py keeps per process),
 each with one positional read of its range (``read_at``, safe from several threads on
 pyarrow's files), or reads of ``PART_BYTES`` at once for a longer unit the reader is about to
@@ -14,10 +14,11 @@ keeps its bytes until then.
 The same rules as for row groups: the reader asks for the same units in the same order and
 gets the listed range of the listed file either way, only earlier; nothing fetched is in the
 state, and a restore plans from the restored position; bytes fetched and not yet taken are
-bounded by the reader's budget (``TOKENLOOM_READAHEAD_BYTES``, 64 MiB by default, reserved in
-the reader's order, a unit larger than the budget fetched alone) and at most ``DEPTH`` units;
-an error while fetching a unit is raised when the reader reaches it, naming the unit. Units of
-compressed files are read as before (their ranges are offsets in the decompressed stream).
+bounded by the reader's budget (``TOKENLOOM_READAHEAD_BYTES``, readahead.py's ``DEFAULT_BYTES``
+by default, reserved in the reader's order, a unit larger than the budget fetched alone) and at
+most ``DEPTH`` units; an error while fetching a unit is raised when the reader reaches it, naming
+the unit. Units of compressed files are not read ahead here (their ranges are offsets in the
+decompressed stream; compressed.py reads such a file in order).
 In a loader worker, fetches start at the reader's reset (a fresh start or a restore), so the
 first units of all sources come at once; elsewhere they start with the reader's first read
 in its process, so a graph that is only built and reset (the training process before the
@@ -72,8 +73,8 @@ class UnitReadAhead:
 
     def restart(self) -> None:
         """Forget the plan and plan again from the reader's position: in a loader worker its fetches
-        start now, so the first units of all sources come at once while the worker sets up (they waited
-        for each source's first read, one source after another); elsewhere with the next read."""
+        start now, so the first units of all sources come at once while the worker sets up (rather than
+        each at its source's first read, one source after another); elsewhere with the next read."""
         with self._lock:
             self._drop_all()
             self._planned = False
