@@ -35,11 +35,11 @@ tensors from datasets of different shapes.
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from tokenloom.pipes.check_args import check_int, check_loader_keywords
+from tokenloom.pipes.check_args import check_loader_keywords
 from tokenloom.pipes.sources.examples import BatchExamples, ReadList, Take, default_collate
 from tokenloom.pipes.loader.bridge import ShardContext, TokenLoomLoader
 from tokenloom.pipes.mix import Mix
@@ -47,6 +47,8 @@ from tokenloom.pipes.shard import ShardUnits, check_shardable
 from tokenloom.pipes.stats import WithStats
 
 from .packed import dist_rank_world
+from .setting import FREE, TOPOLOGY, check_fields, config_of, hints_of, setting, settings_fields
+from .settings import at_least, boolean, one_of
 
 SAMPLING = ("proportional", "uniform", "weighted", "round_robin", "alternating", "sequential")
 EPOCH_LENGTHS = ("sum", "max", "min", "steps")
@@ -114,6 +116,111 @@ class MultiplexStatsView:
         }
 
 
+@dataclass(frozen=True)
+class MultiplexSpec:
+    """Every setting of `multiplex` (module docstring), each a `setting` (recipes/setting.py) with its
+    doc, its check and how a resume treats it. The in-memory datasets are recorded by name and size."""
+
+    datasets: Any = setting(doc="[(name, examples), ...]", record="datasets", hint="pass the same datasets, "
+                            "in the same order (positions count examples of each)", cli=None, no_cli="in memory")
+    batch_size: int = setting(32, doc="examples per batch", check=at_least(1), hint="pass the same batch_size",
+                              cli=None, no_cli="in memory")
+    shuffle: bool = setting(True, doc="shuffle each dataset per epoch; weighted choices are random", check=boolean,
+                            record="shuffle", hint="pass the same shuffle and shuffle_seed", cli=None,
+                            no_cli="in memory")
+    num_workers: int = setting(0, doc="loader worker processes", check=at_least(0), resume=TOPOLOGY, cli=None,
+                               no_cli="in memory")
+    pin_memory: bool = setting(False, doc="pin batches' tensors", resume=FREE, why="where batches live",
+                               cli=None, no_cli="in memory")
+    prefetch_factor: Optional[int] = setting(None, doc="batches each worker keeps ready", resume=FREE,
+                                             why="how far workers run ahead", cli=None, no_cli="in memory")
+    persistent_workers: bool = setting(False, doc="keep workers between epochs", resume=FREE,
+                                       why="how workers live", cli=None, no_cli="in memory")
+    drop_last: bool = setting(False, doc="drop a last batch smaller than batch_size", check=boolean,
+                              hint="pass the same drop_last", cli=None, no_cli="in memory")
+    sampling_strategy: str = setting("proportional", doc="how datasets are chosen", check=one_of(SAMPLING),
+                                     record="sampling", hint="pass the same sampling_strategy", cli=None,
+                                     no_cli="in memory")
+    sampling_weights: Optional[Sequence[float]] = setting(
+        None, doc="sampling_strategy='weighted': one weight per dataset", record="weights",
+        hint="pass the same sampling weights", cli=None, no_cli="in memory")
+    collate_fn: Optional[Callable[[List[Any]], Any]] = setting(
+        None, doc="turns a list of examples into a batch (default: union of keys, see the module docstring)",
+        resume=FREE, why="it shapes each batch, not which examples it holds", cli=None, no_cli="in memory")
+    shuffle_seed: int = setting(42, doc="seed of the shuffles and random choices", check=at_least(0),
+                                record="shuffle", cli=None, no_cli="in memory")
+    pattern: Optional[Sequence[str]] = setting(None, doc="sampling_strategy='alternating': names in turn order",
+                                               record="epoch_length", cli=None, no_cli="in memory")
+    burst: int = setting(1, doc="sampling_strategy='alternating': examples a dataset gives per turn",
+                         check=at_least(1), record="epoch_length", cli=None, no_cli="in memory")
+    epoch_length: str = setting("sum", doc="what one pass over the loader is (module docstring)",
+                                check=one_of(EPOCH_LENGTHS), record="epoch_length",
+                                hint="pass the same epoch_length, steps, cycle_shorter, pattern and burst", cli=None,
+                                no_cli="in memory")
+    steps: Optional[int] = setting(None, doc="epoch_length='steps': batches in an epoch",
+                                   check=at_least(1, "set by epoch_length"), record="epoch_length", cli=None,
+                                   no_cli="in memory")
+    cycle_shorter: Optional[bool] = setting(None, doc="shorter datasets restart within an epoch (default: by "
+                                                      "strategy)", record="epoch_length", cli=None, no_cli="in memory")
+    rank: Optional[int] = setting(None, doc="data rank (default: torch.distributed's, else 0)", resume=TOPOLOGY,
+                                  cli=None, no_cli="in memory")
+    world_size: Optional[int] = setting(None, doc="data ranks (default: torch.distributed's, else 1)",
+                                        resume=TOPOLOGY, cli=None, no_cli="in memory")
+
+    def validate(self) -> "MultiplexSpec":
+        spec = dataclasses.replace(self, **check_fields(self))
+        names = [str(n) for n, _ in spec.datasets]
+        if not names:
+            raise ValueError("datasets is empty: pass [(name, examples), ...]")
+        if len(set(names)) != len(names):
+            raise ValueError(f"dataset names must be unique, got {names}")
+        for n, d in spec.datasets:
+            if len(d) == 0:
+                raise ValueError(f"dataset {n!r} is empty")
+        if spec.epoch_length == "steps" and spec.steps is None:
+            raise ValueError(f"epoch_length='steps' needs steps >= 1 (got steps={spec.steps})")
+        if spec.sampling_weights is not None and spec.sampling_strategy != "weighted":
+            raise ValueError(f"sampling_weights= needs sampling_strategy='weighted' (got {spec.sampling_strategy!r})")
+        if spec.sampling_strategy == "weighted" and (spec.sampling_weights is None
+                                                     or len(spec.sampling_weights) != len(names)):
+            raise ValueError(f"sampling_strategy='weighted' needs one weight per dataset ({len(names)}), "
+                             f"got sampling_weights={spec.sampling_weights}")
+        return dataclasses.replace(spec, datasets=[(str(n), d) for n, d in spec.datasets])
+
+    def weights(self) -> Tuple[Optional[Dict[str, float]], str]:
+        """The mixer's weights and strategy."""
+        sizes = {n: float(len(d)) for n, d in self.datasets}
+        if self.sampling_strategy == "proportional":
+            weights: Optional[Dict[str, float]] = sizes
+        elif self.sampling_strategy == "uniform":
+            weights = dict.fromkeys(sizes, 1.0)
+        elif self.sampling_strategy == "weighted":
+            weights = dict(zip(sizes, self.sampling_weights))
+        else:
+            return None, self.sampling_strategy
+        return weights, "random" if self.shuffle else "interleave"
+
+    def ending(self) -> Tuple[str, bool, Optional[int]]:
+        """(the mixer's stop rule, whether shorter datasets cycle, examples in an epoch or None)."""
+        cycle = self.cycle_shorter
+        if cycle is None:
+            cycle = self.sampling_strategy in ("uniform", "weighted", "round_robin", "alternating")
+        total = sum(len(d) for _, d in self.datasets)
+        limit: Optional[int] = None
+        if self.epoch_length == "sum":
+            stop, limit = ("never", total) if cycle else ("all_exhausted", None)
+        elif self.epoch_length == "max":
+            stop = "all_exhausted"
+        elif self.epoch_length == "min":
+            stop = "first_exhausted"
+        else:
+            stop, limit = "never", self.steps * self.batch_size
+        if self.sampling_strategy == "sequential":
+            stop, cycle = ("first_exhausted" if self.epoch_length == "min" else "all_exhausted"), False
+            limit = limit if self.epoch_length == "steps" else None
+        return stop, bool(cycle), limit
+
+
 def multiplex(
     datasets: Sequence[Tuple[str, Sequence[Any]]],
     batch_size: int = 32,
@@ -136,81 +243,40 @@ def multiplex(
     world_size: Optional[int] = None,
     **loader_kwargs: Any,
 ) -> TokenLoomLoader:
-    """Build the multiplexed loader (see the module docstring)."""
+    """Build the multiplexed loader (see the module docstring and `MultiplexSpec` for every setting)."""
     check_loader_keywords(multiplex, loader_kwargs)
-    batch_size = check_int("batch_size", batch_size, 1)
-    num_workers = check_int("num_workers", num_workers, 0)
-    shuffle_seed = check_int("shuffle_seed", shuffle_seed, 0)
-    burst = check_int("burst", burst, 1)
-    steps = check_int("steps", steps, 1, none_ok=True, none_means="set by epoch_length")
-    datasets = [(str(n), d) for n, d in datasets]
-    names = [n for n, _ in datasets]
-    if not datasets:
-        raise ValueError("datasets is empty: pass [(name, examples), ...]")
-    if len(set(names)) != len(names):
-        raise ValueError(f"dataset names must be unique, got {names}")
-    for n, d in datasets:
-        if len(d) == 0:
-            raise ValueError(f"dataset {n!r} is empty")
-    if sampling_strategy not in SAMPLING:
-        raise ValueError(f"{sampling_strategy=} is not one of {SAMPLING}")
-    if epoch_length not in EPOCH_LENGTHS:
-        raise ValueError(f"{epoch_length=} is not one of {EPOCH_LENGTHS}")
-    if epoch_length == "steps" and (steps is None or steps < 1):
-        raise ValueError(f"epoch_length='steps' needs steps >= 1 (got {steps=})")
-    if sampling_weights is not None and sampling_strategy != "weighted":
-        raise ValueError(f"sampling_weights= needs sampling_strategy='weighted' (got {sampling_strategy!r})")
-    sizes = {n: len(d) for n, d in datasets}
-    weights: Optional[Dict[str, float]] = None
-    strategy = sampling_strategy
-    if sampling_strategy in ("proportional", "uniform", "weighted"):
-        if sampling_strategy == "proportional":
-            weights = {n: float(sizes[n]) for n in names}
-        elif sampling_strategy == "uniform":
-            weights = {n: 1.0 for n in names}
-        else:
-            if sampling_weights is None or len(sampling_weights) != len(names):
-                raise ValueError(f"sampling_strategy='weighted' needs one weight per dataset ({len(names)}), "
-                                 f"got {sampling_weights=}")
-            weights = dict(zip(names, sampling_weights))
-        strategy = "random" if shuffle else "interleave"
-    if cycle_shorter is None:
-        cycle_shorter = sampling_strategy in ("uniform", "weighted", "round_robin", "alternating")
-    total = sum(sizes.values())
-    limit: Optional[int] = None
-    if epoch_length == "sum":
-        stop, limit = ("never", total) if cycle_shorter else ("all_exhausted", None)
-    elif epoch_length == "max":
-        stop = "all_exhausted"
-    elif epoch_length == "min":
-        stop = "first_exhausted"
-    else:
-        stop, limit = "never", steps * batch_size
-    if sampling_strategy == "sequential":
-        stop, cycle_shorter = ("first_exhausted", False) if epoch_length == "min" else ("all_exhausted", False)
-        limit = None if epoch_length != "steps" else limit
-    rank, world_size = dist_rank_world(rank, world_size)
-    num_shards = world_size * max(num_workers, 1)
+    spec = MultiplexSpec(**{k: v for k, v in locals().items() if k in SETTINGS}).validate()
+    rank, world_size = dist_rank_world(spec.rank, spec.world_size)
+    spec = dataclasses.replace(spec, rank=rank, world_size=world_size)
+    names = [n for n, _ in spec.datasets]
+    sizes = {n: len(d) for n, d in spec.datasets}
+    num_shards = world_size * max(spec.num_workers, 1)
     for n in names:
         check_shardable(sizes[n], num_shards, f"dataset {n!r}")
-    graph = MultiplexGraph(datasets, weights, strategy, stop, bool(cycle_shorter), limit, batch_size, collate_fn,
-                           drop_last, shuffle, shuffle_seed, pattern, burst)
+    weights, strategy = spec.weights()
+    stop, cycle, limit = spec.ending()
+    graph = MultiplexGraph(spec.datasets, weights, strategy, stop, cycle, limit, spec.batch_size, spec.collate_fn,
+                           spec.drop_last, spec.shuffle, spec.shuffle_seed, spec.pattern, spec.burst)
     # Mix validates the weights and pattern; build one graph now so errors surface here.
     graph(ShardContext(0, 1, 0, 0))
     shares = {n: 1 / len(names) for n in names}
     if weights is not None:
         shares = {n: w / sum(weights.values()) for n, w in weights.items()}
-    config = {
-        "world_size": world_size, "rank": rank, "num_workers": num_workers, "batch_size": batch_size,
-        "datasets": [[n, sizes[n]] for n in names], "sampling": sampling_strategy, "weights": shares,
-        "epoch_length": f"{epoch_length} steps={steps} cycle={cycle_shorter} pattern={pattern} burst={burst}",
-        "shuffle": f"{shuffle} seed={shuffle_seed}", "drop_last": drop_last,
-    }
-    if prefetch_factor is not None:
-        loader_kwargs["prefetch_factor"] = prefetch_factor
-    return TokenLoomLoader(graph, config=config, rank=rank, world_size=world_size, num_workers=num_workers,
-                           stats_keys=[*names, "dropped_examples"], stats_view=MultiplexStatsView(names, shares),
-                           pin_memory=pin_memory, persistent_workers=persistent_workers, **loader_kwargs)
+    config = config_of((spec,), {
+        "datasets": [[n, sizes[n]] for n in names], "sampling": spec.sampling_strategy, "weights": shares,
+        "epoch_length": f"{spec.epoch_length} steps={spec.steps} cycle={spec.cycle_shorter} pattern={spec.pattern} "
+                        f"burst={spec.burst}",
+        "shuffle": f"{spec.shuffle} seed={spec.shuffle_seed}"})
+    if spec.prefetch_factor is not None:
+        loader_kwargs["prefetch_factor"] = spec.prefetch_factor
+    return TokenLoomLoader(graph, config=config, rank=rank, world_size=world_size, num_workers=spec.num_workers,
+                           settings=spec, config_hints=hints_of(spec), stats_keys=[*names, "dropped_examples"],
+                           stats_view=MultiplexStatsView(names, shares), pin_memory=spec.pin_memory,
+                           persistent_workers=spec.persistent_workers, **loader_kwargs)
+
+
+#: multiplex's keywords that are settings; the rest go to the DataLoader.
+SETTINGS = frozenset(name for name, _ in settings_fields(MultiplexSpec))
 
 
 def print_dataloader_stats(loader: TokenLoomLoader) -> None:

@@ -14,6 +14,7 @@ else.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import warnings
@@ -24,24 +25,22 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 import torch
 
 from tokenloom.pipes.batch import IGNORE_INDEX, collate_rows
-from tokenloom.pipes.check_args import check_int, per_source
+from tokenloom.pipes.check_args import per_source
 from tokenloom.pipes.loader.bridge import TokenLoomLoader
-from tokenloom.pipes.mix import STOPS, STRATEGIES, UNITS
-from tokenloom.pipes.pack.bestfit import BestFitPack
 from tokenloom.pipes.pack.stats import PACK_STAT_KEYS
 from tokenloom.pipes.loader.rank_sync import RankSync, gloo_sync_from_dist
 from tokenloom.pipes.loader.wire_ring import uses_fork
 from tokenloom.pipes.sources.cache import attach_cache, close_cache_reads, start_cache_reads
 from tokenloom.pipes.sources.readers import SourcePlan, named_sources, plan_source
-from tokenloom.pipes.schedule import Weights, normalize_schedule
+from tokenloom.pipes.schedule import normalize_schedule
 from tokenloom.pipes.shard import check_shardable
-from tokenloom.pipes.sources.files import SourceSpec, shared_filesystems
+from tokenloom.pipes.sources.files import shared_filesystems
 from tokenloom.pipes.sources.first_fetches import close_listing, start_first_fetches
 
 from .packed_graph import TOKENIZED, PackedGraph, stat_keys
+from .settings import PACKINGS, PackedSpec, config_of  # noqa: F401  (PACKINGS re-exported)
 from tokenloom.pipes.tokenizer import Encoder, load_encoder, resolve_special
 
-PACKINGS = ("flat", "bestfit", "bestfit-crop")
 #: Tokens each loader worker keeps ready by default, as whole batches between the bounds below.
 PREFETCH_TOKENS = 1 << 20
 PREFETCH_BATCHES = (8, 64)
@@ -312,156 +311,120 @@ def _start_first_fetches(plans: Sequence[SourcePlan], rank: int, num_workers: in
                             forks=num_workers or None)
 
 
-def packed_loader(
-    sources: Union[SourceSpec, Mapping[str, SourceSpec]],
-    tokenizer: Any,
-    *,
-    seq_len: int,
-    batch_size: int,
-    bos: Union[str, int, None],
-    weights: Optional[Weights],
-    packing: str,
-    buffer_size: int,
-    epochs: Optional[int],
-    num_workers: int,
-    seed: int,
-    rank: Optional[int],
-    world_size: Optional[int],
-    text_column: Union[str, Mapping[str, str]],
-    eos: Union[str, int, None],
-    mix: str,
-    weights_unit: str,
-    stop: Optional[str],
-    cycle_exhausted: bool,
-    pattern: Optional[Sequence[str]],
-    burst: int,
-    text_mode: Union[str, Mapping[str, str]],
-    rank_sync: Optional[RankSync],
-    chat: Any = None,
-    long_conversations: str = "truncate",
-    manifest: Union[str, Mapping[str, str], None] = None,
-    predict_bos: bool = True,
-    pad: Union[str, int, None] = None,
-    buffer_tokens: Optional[int] = None,
-    max_wait: Optional[int] = None,
-    cache: Any = None,
-    cache_strict: bool = False,
-    loader_kwargs: Mapping[str, Any],
-) -> TokenLoomLoader:
-    """The shared body of `pretrain` and `sft` (``chat`` set: conversations, a template `sft` chose and checked)."""
-    if not isinstance(predict_bos, bool):
-        raise ValueError(f"{predict_bos=} must be True (train the BOS after each document's last token) or False "
-                         "(train nothing across a document boundary)")
-    seq_len, batch_size, buffer_size = (check_int(k, v, 1) for k, v in
-                                        (("seq_len", seq_len), ("batch_size", batch_size), ("buffer_size", buffer_size)))
-    num_workers, seed = check_int("num_workers", num_workers, 0), check_int("seed", seed, 0)
-    buffer_tokens = check_int("buffer_tokens", buffer_tokens, 1, none_ok=True, none_means="the packer's default")
-    max_wait = check_int("max_wait", max_wait, 1, none_ok=True, none_means="buffer_size")
-    epochs = check_int("epochs", epochs, 1, none_ok=True, none_means="cycle forever")
-    if packing not in PACKINGS:
-        raise ValueError(f"{packing=} is not one of {PACKINGS}")
-    for name, value, allowed in (("mix", mix, STRATEGIES), ("weights_unit", weights_unit, UNITS)):
-        if value not in allowed:
-            raise ValueError(f"{name}={value!r} is not one of {allowed}")
-    if stop is None:
-        stop = "never" if epochs is None else "all_exhausted"
-    elif stop not in STOPS:
-        raise ValueError(f"{stop=} is not one of {STOPS}")
-    if epochs is None and stop != "never":
-        raise ValueError(f"{stop=} needs epochs=n (how many passes make a source exhausted)")
-    rank, world_size = dist_rank_world(rank, world_size)
+def _resolve_specials(spec: PackedSpec, encoder: Encoder) -> Dict[str, Optional[int]]:
+    """The special tokens' ids: BOS, EOS, padding, and the label after a whole document's last token."""
+    text, chat = spec.text, spec.recipe == "sft"
+    bos_id = resolve_special(encoder, None if chat else text.bos, default_bos=not chat)
+    eos = None if chat else text.eos
+    eos_id = resolve_special(encoder, eos, default_bos=False)
+    if eos_id is not None and eos_id == bos_id:
+        raise ValueError(f"eos={eos!r} is the BOS (id {bos_id}): every document would be followed by two of them "
+                         "(its EOS, then the next document's BOS); leave eos= out (the BOS already marks where a "
+                         "document ends and the next begins), or pass bos= and eos= two different tokens")
+    pad_id = encoder.token_id(text.pad) if text.pad is not None else bos_id if bos_id is not None else 0
+    predict_bos = False if chat else text.predict_bos
+    end_label = bos_id if predict_bos else IGNORE_INDEX
+    if end_label is None:
+        raise ValueError("predict_bos=True needs a BOS token to predict; pass bos= or predict_bos=False")
+    return {"bos": bos_id, "eos": eos_id, "pad": pad_id, "end_label": end_label}
 
-    named = named_sources(sources)
-    if weights is not None and len(named) == 1 and not isinstance(sources, Mapping):
+
+def _resolved_config(spec: PackedSpec, plans: Sequence[SourcePlan], encoder: Encoder, specials: Mapping[str, Any],
+                     schedule: list, texts: Mapping[str, str], rank: int, world_size: int) -> Dict[str, Any]:
+    """The recorded values the spec's settings cannot give alone (`config_of`)."""
+    names = [p.name for p in plans]
+    mix = spec.mix
+    chat = spec.text.template if spec.recipe == "sft" else None
+    return {
+        "world_size": world_size,
+        "rank": rank,
+        "sources": {p.name: p.fingerprint for p in plans},
+        "source_order": names,
+        # one entry for every source, or {name: entry} where they differ (a change names the source)
+        "text": texts[names[0]] if len(set(texts.values())) == 1 else dict(texts),
+        "tokenizer": f"{encoder.fingerprint} bos={specials['bos']} eos={specials['eos']}",
+        "chat": None if chat is None else f"{describe_template(chat)} long={spec.text.long_conversations}",
+        "mix": None if len(plans) == 1 else (f"{mix.mix} unit={mix.weights_unit} stop={mix.stop} "
+                                             f"cycle={mix.cycle_exhausted} pattern={mix.pattern} burst={mix.burst}"),
+        "weights": None if len(plans) == 1 else [[s, w] for s, w in schedule],
+        "predict_bos": False if chat is not None else spec.text.predict_bos,
+        "pad": specials["pad"],
+    }
+
+
+def packed_loader(spec: PackedSpec, loader_kwargs: Mapping[str, Any]) -> TokenLoomLoader:
+    """The shared body of `pretrain` and `sft`: the spec checked, the sources listed, the loader around
+    the graph. sft's ``spec.text.template`` is the template it chose and checked."""
+    spec = spec.validate()
+    data, text, mix, run = spec.data, spec.text, spec.mix, spec.run
+    sft = spec.recipe == "sft"
+    cache = None if sft else text.cache
+    rank, world_size = dist_rank_world(run.rank, run.world_size)
+    spec = dataclasses.replace(spec, run=dataclasses.replace(run, rank=rank, world_size=world_size))
+    named = named_sources(data.sources)
+    if mix.weights is not None and len(named) == 1 and not isinstance(data.sources, Mapping):
         raise ValueError("weights= needs several named sources: pass sources={name: spec, ...}")
     names = list(named)
-    schedule = normalize_schedule(weights, names)
-    manifests = _manifests(manifest, names)
-    num_shards = world_size * max(num_workers, 1)
-    columns = per_source("text_column" if chat is None else "messages_field", text_column, names)
-    modes = per_source("text_mode", text_mode, names, what="a text mode")
+    schedule = normalize_schedule(mix.weights, names)
+    manifests = _manifests(data.manifest, names)
+    num_shards = world_size * max(run.num_workers, 1)
+    columns = per_source("messages_field" if sft else "text_column", text.text_column, names)
+    modes = per_source("text_mode", "file" if sft else text.text_mode, names, what="a text mode")
     cache_reads = start_cache_reads(cache, names) if cache is not None else {}  # beside the sources' listing
     try:  # the cache's reads open its files: closed if the build fails before it matches them
-        plans, encoder = _plan_sources(named, tokenizer, columns=columns, modes=modes, manifests=manifests,
-                                       require_type=str if chat is None else list)
+        plans, encoder = _plan_sources(named, data.tokenizer, columns=columns, modes=modes, manifests=manifests,
+                                       require_type=list if sft else str)
         for plan in plans:
             check_shardable(plan.total_rows, num_shards, f"source {plan.name!r}")
         if cache is None:  # a token cache reads no text
-            _start_first_fetches(plans, rank, num_workers, num_shards, seed, epochs)
+            _start_first_fetches(plans, rank, run.num_workers, num_shards, run.seed, run.epochs)
         _warn_shared_files(plans)
-
-        bos_id = resolve_special(encoder, bos, default_bos=chat is None)
-        eos_id = resolve_special(encoder, eos, default_bos=False)
-        if eos_id is not None and eos_id == bos_id:
-            raise ValueError(f"eos={eos!r} is the BOS (id {bos_id}): every document would be followed by two of them "
-                             "(its EOS, then the next document's BOS); leave eos= out (the BOS already marks where a "
-                             "document ends and the next begins), or pass bos= and eos= two different tokens")
-        if pad is not None:
-            pad_id = encoder.token_id(pad)
-        else:
-            pad_id = bos_id if bos_id is not None else 0
-        end_label = bos_id if predict_bos else IGNORE_INDEX
-        if end_label is None:
-            raise ValueError("predict_bos=True needs a BOS token to predict; pass bos= or predict_bos=False")
+        specials = _resolve_specials(spec, encoder)
     except BaseException:
         close_cache_reads(cache_reads)
         raise
     if cache is not None:
         # Same units, same positions: the configuration (what a resume must match) does not change.
-        plans = attach_cache(plans, cache, encoder, strict=cache_strict, reads=cache_reads)
-        _start_first_fetches(plans, rank, num_workers, num_shards, seed, epochs)
-    elif cache_strict:
+        plans = attach_cache(plans, cache, encoder, strict=text.cache_strict, reads=cache_reads)
+        _start_first_fetches(plans, rank, run.num_workers, num_shards, run.seed, run.epochs)
+    elif not sft and text.cache_strict:
         raise ValueError("cache_strict=True needs cache= (the directory `tokenloom tokenize --out` wrote)")
 
-    graph = PackedGraph(plans, encoder, bos_id, eos_id, seq_len, batch_size, packing, buffer_size, seed, epochs,
-                        pad_id, weights, mix, weights_unit, stop, cycle_exhausted, pattern, burst, chat,
-                        long_conversations, end_label, buffer_tokens, max_wait)
+    graph = PackedGraph(spec=spec, plans=plans, encoder=encoder, specials=specials)
     texts = {n: f"column={columns[n]} mode={modes[n]}" for n in names}
-    config: Dict[str, Any] = {
-        "world_size": world_size,
-        "rank": rank,
-        "num_workers": num_workers,
-        "seq_len": seq_len,
-        "batch_size": batch_size,
-        "packing": packing,
-        "buffer_size": buffer_size if packing != "flat" else None,
-        "max_wait": (buffer_size if max_wait is None else max_wait) if packing != "flat" else None,
-        "buffer_tokens": (BestFitPack.resolve_buffer_tokens(buffer_tokens, seq_len, "crop" if packing == "bestfit-crop"
-                                                            else "bestfit", buffer_size) if packing != "flat" else None),
-        "seed": seed,
-        "epochs": epochs,
-        "sources": {p.name: p.fingerprint for p in plans},
-        "source_order": names,
-        # one entry for every source, or {name: entry} where they differ (a change names the source)
-        "text": texts[names[0]] if len(set(texts.values())) == 1 else texts,
-        "tokenizer": f"{encoder.fingerprint} bos={bos_id} eos={eos_id}",
-        "chat": None if chat is None else f"{describe_template(chat)} long={long_conversations}",
-        "mix": None if len(plans) == 1 else (f"{mix} unit={weights_unit} stop={stop} cycle={cycle_exhausted} "
-                                             f"pattern={pattern} burst={burst}"),
-        "weights": None if len(plans) == 1 else [[s, w] for s, w in schedule],
-        "predict_bos": predict_bos,
-        "pad": pad_id,
-    }
-    if epochs is not None and world_size > 1 and rank_sync is None:
+    config = config_of(spec, _resolved_config(spec, plans, encoder, specials, schedule, texts, rank, world_size))
+    rank_sync = run.rank_sync
+    if run.epochs is not None and world_size > 1 and rank_sync is None:
         rank_sync = gloo_sync_from_dist()
         if rank_sync is None:
             warnings.warn(f"{world_size=} with a finite epoch but torch.distributed is not initialized: ranks may "
-                          "yield different numbers of batches; pass rank_sync= to keep them in step", stacklevel=2)
-    padding = functools.partial(collate_rows, [], batch_size=batch_size, seq_len=seq_len, pad_id=pad_id,
-                                end_label=end_label)
+                          "yield different numbers of batches; pass rank_sync= to keep them in step", stacklevel=3)
+    return _loader(spec, graph, config, schedule, rank, world_size, rank_sync, loader_kwargs)
+
+
+def _loader(spec: PackedSpec, graph: PackedGraph, config: Dict[str, Any], schedule: list, rank: int,
+            world_size: int, rank_sync: Optional[RankSync], loader_kwargs: Mapping[str, Any]) -> TokenLoomLoader:
+    """The `TokenLoomLoader` around a built graph: prefetch depth, shared-memory ring, statistics view."""
+    pack, run, mix = spec.pack, spec.run, spec.mix
+    names, specials, num_workers = [p.name for p in graph.plans], graph.specials, run.num_workers
+    padding = functools.partial(collate_rows, [], batch_size=pack.batch_size, seq_len=pack.seq_len,
+                                pad_id=specials["pad"], end_label=specials["end_label"])
     loader_kwargs = dict(loader_kwargs)
     ring = None
+    cache = None if spec.recipe == "sft" else spec.text.cache
     if num_workers > 0 and cache is None and uses_fork(loader_kwargs.get("multiprocessing_context")):
-        encoder.prepare()  # built once here, shared by the forked workers (copy on write); a token cache needs none
+        graph.encoder.prepare()  # built once here, shared by the forked workers (copy on write); a cache needs none
     if num_workers > 0:
-        loader_kwargs.setdefault("prefetch_factor", default_prefetch_factor(batch_size, seq_len))
-        ring = ring_bytes(batch_size, seq_len, loader_kwargs["prefetch_factor"] or 2)
+        loader_kwargs.setdefault("prefetch_factor", default_prefetch_factor(pack.batch_size, pack.seq_len))
+        ring = ring_bytes(pack.batch_size, pack.seq_len, loader_kwargs["prefetch_factor"] or 2)
+    view = PackedStatsView(
+        names, schedule,
+        rows={p.name: PackedStatsView.rank_rows(p.total_rows, rank, world_size, num_workers) for p in graph.plans},
+        epochs=run.epochs, stop=mix.stop, cycle_exhausted=mix.cycle_exhausted,
+        active=PackedStatsView.pickable(names, schedule, mix.mix, mix.pattern))
     return TokenLoomLoader(graph, config=config, rank=rank, world_size=world_size, num_workers=num_workers,
-                           ring_bytes=ring,
-                           stats_keys=stat_keys(names, chat is not None), stats_view=PackedStatsView(
-                               names, schedule, rows={p.name: PackedStatsView.rank_rows(p.total_rows, rank, world_size,
-                                                                                        num_workers) for p in plans},
-                               epochs=epochs, stop=stop, cycle_exhausted=cycle_exhausted,
-                               active=PackedStatsView.pickable(names, schedule, mix, pattern)),
+                           ring_bytes=ring, settings=spec, config_hints=spec.hints(), config_follows=spec.follows(),
+                           config_absent=spec.absent(),
+                           stats_keys=stat_keys(names, spec.recipe == "sft"), stats_view=view,
                            stats_min_keys=[f"source/{n}/epochs" for n in names],
                            rank_sync=rank_sync, padding_batch=padding, **loader_kwargs)

@@ -23,13 +23,15 @@ from tokenloom.pipes.pack.flat import FlatPack
 from tokenloom.pipes.pack.savepoint import reader_states
 from tokenloom.pipes.pack.stats import PACK_STAT_KEYS
 from tokenloom.pipes.pieces import Pieces
-from tokenloom.pipes.schedule import StepClock, Weights
+from tokenloom.pipes.schedule import StepClock
 from tokenloom.pipes.shard import ShardUnits
 from tokenloom.pipes.sources.first_fetches import fetch_first_from
 from tokenloom.pipes.sources.readers import SourcePlan
 from tokenloom.pipes.stats import WithStats
 from tokenloom.pipes.tokenize import Tokenize
 from tokenloom.pipes.tokenizer import Encoder
+
+from .settings import PackedSpec
 
 
 #: Per source: delivered tokens and documents, passes, and rows its reader skipped (null text,
@@ -50,31 +52,20 @@ def stat_keys(names: Sequence[str], chat: bool = False) -> List[str]:
 
 @dataclass
 class PackedGraph:
-    """The picklable factory a worker calls to build its shard's graph."""
+    """The picklable factory a worker calls to build its shard's graph.
 
+    Args:
+        spec: the recipe's validated settings (recipes/settings.py).
+        plans: every source's plan, in order (its units, reader and fingerprint).
+        encoder: the tokenizer.
+        specials: the resolved ids ``{"bos", "eos", "pad", "end_label"}`` (BOS and EOS may be None;
+            ``end_label`` is the label after a whole document's last token: the BOS id or -100).
+    """
+
+    spec: PackedSpec
     plans: List[SourcePlan]
     encoder: Encoder
-    bos: Optional[int]
-    eos: Optional[int]
-    seq_len: int
-    batch_size: int
-    packing: str
-    buffer_size: int
-    seed: int
-    epochs: Optional[int]
-    pad_id: int
-    weights: Optional[Weights]
-    mix: str
-    weights_unit: str
-    stop: str
-    cycle_exhausted: bool
-    pattern: Optional[Sequence[str]]
-    burst: int
-    chat: Any = None  # a ChatTemplate or callable: render conversations instead of tokenizing text
-    long_conversations: str = "truncate"
-    end_label: Optional[int] = None  # the label after a whole document's last token: BOS id or -100
-    buffer_tokens: Optional[int] = None  # best-fit: tokens the buffer holds at most (None: the packer's default)
-    max_wait: Optional[int] = None  # best-fit: pulls a buffered document waits at most (None: buffer_size)
+    specials: Mapping[str, Optional[int]]
 
     def fetch_first(self, shards: Sequence[Tuple[ShardContext, Optional[Mapping[str, Any]]]]) -> int:
         """After a restore, before the workers start: fetch in this process the first units each shard
@@ -94,7 +85,10 @@ class PackedGraph:
         return sum(fetch_first_from(*p.fetched(), upcoming[p.name]) for p in self.plans if upcoming[p.name])
 
     def __call__(self, ctx: ShardContext):
-        first_epoch = ctx.round * self.epochs if self.epochs is not None else 0
+        spec, specials = self.spec, self.specials
+        pack, mix, seed, epochs = spec.pack, spec.mix, spec.run.seed, spec.run.epochs
+        chat = spec.text.template if spec.recipe == "sft" else None
+        first_epoch = ctx.round * epochs if epochs is not None else 0
         single = len(self.plans) == 1
         branches = {}
         readers = {}
@@ -102,38 +96,38 @@ class PackedGraph:
         renderers: List[RenderChat] = []
         for plan in self.plans:
             # With several sources the mixer decides when to stop, so branches are endless.
-            node = ShardUnits(plan.units.rows, shard=ctx.shard, num_shards=ctx.num_shards, seed=self.seed,
-                              epochs=self.epochs if single else None, first_epoch=first_epoch,
+            node = ShardUnits(plan.units.rows, shard=ctx.shard, num_shards=ctx.num_shards, seed=seed,
+                              epochs=epochs if single else None, first_epoch=first_epoch,
                               what=f"source {plan.name!r}")  # an elastic plan: given by the loader (build_shard)
             shards[plan.name] = node
-            node = readers[plan.name] = plan.reader(node, seed=self.seed)
-            if self.chat is None:
-                branches[plan.name] = Tokenize(node, self.encoder, bos=self.bos, eos=self.eos)
+            node = readers[plan.name] = plan.reader(node, seed=seed)
+            if chat is None:
+                branches[plan.name] = Tokenize(node, self.encoder, bos=specials["bos"], eos=specials["eos"])
             else:
-                branches[plan.name] = RenderChat(node, self.encoder, template=self.chat, max_tokens=self.seq_len + 1,
-                                                 long=self.long_conversations)
+                branches[plan.name] = RenderChat(node, self.encoder, template=chat, max_tokens=pack.seq_len + 1,
+                                                 long=spec.text.long_conversations)
                 renderers.append(branches[plan.name])
         feeds: Mapping[str, Any] = branches
-        if self.packing == "bestfit" and not single and self.chat is None:
+        if pack.packing == "bestfit" and not single and chat is None:
             # Long documents reach the mixer in pieces of a row, so the shares hold early (pipes/pieces.py).
-            feeds = {n: Pieces(b, piece=self.seq_len + 1) for n, b in branches.items()}
+            feeds = {n: Pieces(b, piece=pack.seq_len + 1) for n, b in branches.items()}
         clock = StepClock(ctx.worker, ctx.num_workers, base=ctx.elastic[STEP] if ctx.elastic else 0)
         if single:
             mixed, mixer = branches[self.plans[0].name], None
         else:
-            mixer = mixed = Mix(feeds, weights=self.weights, strategy=self.mix, unit=self.weights_unit,
-                                stop=self.stop, cycle_exhausted=self.cycle_exhausted, passes=self.epochs or 1,
+            mixer = mixed = Mix(feeds, weights=mix.weights, strategy=mix.mix, unit=mix.weights_unit,
+                                stop=mix.stop, cycle_exhausted=mix.cycle_exhausted, passes=epochs or 1,
                                 first_epoch=first_epoch,
-                                pattern=self.pattern, burst=self.burst, seed=self.seed, shard=ctx.shard, clock=clock)
-        if self.packing == "flat":
-            packer = FlatPack(mixed, seq_len=self.seq_len, pad_id=self.pad_id)
+                                pattern=mix.pattern, burst=mix.burst, seed=seed, shard=ctx.shard, clock=clock)
+        if pack.packing == "flat":
+            packer = FlatPack(mixed, seq_len=pack.seq_len, pad_id=specials["pad"])
         else:
-            packer = BestFitPack(mixed, seq_len=self.seq_len, buffer_size=self.buffer_size, pad_id=self.pad_id,
-                                 mode="crop" if self.packing == "bestfit-crop" else "bestfit",
-                                 buffer_tokens=self.buffer_tokens, max_wait=self.max_wait)
+            packer = BestFitPack(mixed, seq_len=pack.seq_len, buffer_size=pack.buffer_size, pad_id=specials["pad"],
+                                 mode="crop" if pack.packing == "bestfit-crop" else "bestfit",
+                                 buffer_tokens=pack.buffer_tokens, max_wait=pack.max_wait, min_fill=pack.min_fill)
         names = [p.name for p in self.plans]
-        batch = Batch(packer, batch_size=self.batch_size, seq_len=self.seq_len, pad_id=self.pad_id,
-                      sources=names, clock=clock, end_label=self.end_label)
+        batch = Batch(packer, batch_size=pack.batch_size, seq_len=pack.seq_len, pad_id=specials["pad"],
+                      sources=names, clock=clock, end_label=specials["end_label"])
 
         def counters() -> List[int]:
             pack = packer.stats()

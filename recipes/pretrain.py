@@ -15,6 +15,7 @@ from tokenloom.pipes.schedule import Weights
 from tokenloom.pipes.sources.files import SourceSpec
 
 from .packed import PACKINGS, dist_rank_world, packed_loader, stat_keys  # noqa: F401  (re-exported)
+from .settings import PackedSpec
 
 
 def pretrain(
@@ -46,6 +47,7 @@ def pretrain(
     pad: Union[str, int, None] = None,
     buffer_tokens: Optional[int] = None,
     max_wait: Optional[int] = None,
+    min_fill: int = 1,
     cache: Any = None,
     cache_strict: bool = False,
     **loader_kwargs: Any,
@@ -73,17 +75,18 @@ def pretrain(
     buffered document may wait before it starts the next rows (default: ``buffer_size``); with
     ``buffer_tokens`` it is the delay bound. ``"bestfit-crop"`` crops less the longer short
     documents may wait for a gap, and a resume re-reads more: raise both to trade resume time
-    for tokens (benchmarks/RESULTS.md, "crop wait").
+    for tokens (benchmarks/RESULTS.md, "crop wait"). ``min_fill`` (``bestfit``): the least gap at a
+    row's end that is filled by cutting a long document; a smaller gap is padded, so no document
+    is cut into a piece shorter than ``min_fill`` at a row's end (default 1: every gap is filled).
     ``cache``: the directory (path or URI) ``tokenloom tokenize --out`` wrote, or ``{name: directory}``:
     token ids are read from it instead of text, giving bitwise the same batches and states that load
     either way; a unit it lacks is tokenized (``stats()["sources"][name]["tokenized"]``), or refused
     with ``cache_strict=True``.
     """
     check_loader_keywords(pretrain, loader_kwargs)
-    return packed_loader(
-        sources, tokenizer, seq_len=seq_len, batch_size=batch_size, bos=bos, weights=weights, packing=packing,
-        buffer_size=buffer_size, epochs=epochs, num_workers=num_workers, seed=seed, rank=rank,
-        world_size=world_size, text_column=text_column, eos=eos, mix=mix, weights_unit=weights_unit, stop=stop,
-        cycle_exhausted=cycle_exhausted, pattern=pattern, burst=burst, text_mode=text_mode, rank_sync=rank_sync,
-        manifest=manifest, predict_bos=predict_bos, pad=pad, buffer_tokens=buffer_tokens, max_wait=max_wait,
-        cache=cache, cache_strict=cache_strict, loader_kwargs=loader_kwargs)
+    settings = {k: v for k, v in locals().items() if k in SETTINGS}
+    return packed_loader(PackedSpec.of("pretrain", **settings), loader_kwargs)
+
+
+#: pretrain's keywords that are settings (recipes/settings.py); the rest go to the DataLoader.
+SETTINGS = frozenset(PackedSpec.keywords("pretrain"))

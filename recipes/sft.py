@@ -16,6 +16,7 @@ it is longer than a row, which ``long_conversations`` decides and counts
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 from tokenloom.pipes.chat import ChatTemplate, choose_template
@@ -28,6 +29,7 @@ from tokenloom.pipes.sources.files import SourceSpec
 from tokenloom.pipes.tokenizer import load_encoder
 
 from .packed import packed_loader
+from .settings import PackedSpec
 
 
 def sft(
@@ -56,6 +58,9 @@ def sft(
     manifest: Union[str, Mapping[str, str], None] = None,
     pad: Union[str, int, None] = None,
     bos: Union[str, int, None] = None,
+    buffer_tokens: Optional[int] = None,
+    max_wait: Optional[int] = None,
+    min_fill: int = 1,
     **loader_kwargs: Any,
 ) -> TokenLoomLoader:
     """Build a loader of packed conversation batches (see the module docstring and the README).
@@ -70,18 +75,16 @@ def sft(
     the template's trained end token is the stop signal, and nothing is trained across
     conversations. ``pad``: the token string or id of padding ``input_ids`` (default: 0).
     """
-    if packing == "bestfit-crop":
-        raise ValueError("packing='bestfit-crop' would cut conversations to fill rows; use 'bestfit' (default)")
+    check_loader_keywords(sft, loader_kwargs)
+    spec = PackedSpec.of("sft", **{k: v for k, v in locals().items() if k in SETTINGS}).validate()
     encoder = load_encoder(tokenizer)
     chat = choose_template(template, encoder, bos)
     if hasattr(chat, "resolve"):
         chat.resolve(encoder)  # a missing token or a template that cannot give a mask fails here, not in a worker
-    check_loader_keywords(sft, loader_kwargs)
-    return packed_loader(
-        sources, encoder, seq_len=seq_len, batch_size=batch_size, bos=None, weights=weights, packing=packing,
-        buffer_size=buffer_size, epochs=epochs, num_workers=num_workers, seed=seed, rank=rank,
-        world_size=world_size, text_column=messages_field, eos=None, mix=mix, weights_unit=weights_unit, stop=stop,
-        cycle_exhausted=cycle_exhausted, pattern=pattern, burst=burst, text_mode="file", rank_sync=rank_sync,
-        manifest=manifest, predict_bos=False, pad=pad,
-        chat=chat, long_conversations=long_conversations,
-        loader_kwargs=loader_kwargs)
+    resolved = dataclasses.replace(spec, data=dataclasses.replace(spec.data, tokenizer=encoder),
+                                   text=dataclasses.replace(spec.text, template=chat))
+    return packed_loader(resolved, loader_kwargs)
+
+
+#: sft's keywords that are settings (recipes/settings.py); the rest go to the DataLoader.
+SETTINGS = frozenset(PackedSpec.keywords("sft"))

@@ -20,7 +20,7 @@ whatever precedes it, so a row is its ``seq_len + 1`` tokens and documents count
 That switches off the rule that once lost tokens here: a long document's token in a row's last
 slot, after a whole document, was overwritten by the end label (issue 24). The packers now leave
 that slot empty; tests/oracle.py (test_oracle.py) checks batches with the rule on, as a training
-loop reads them. ``end_label=None`` (a `PackedGraph` field, the label rule of a hand-built graph)
+loop reads them. ``end_label=None`` (in a `PackedGraph`'s ``specials``, the label rule of a hand-built graph)
 changes no row, position or state; `_full_rows` sets it and `_rows` checks, on every batch, that
 the labels still follow that rule.
 """
@@ -110,8 +110,8 @@ def _full_rows(loader):
     """Labels = ``row[1:]`` at document ends too, so every row's last token is visible
     (see the module docstring); fails loudly if the graph factory moved."""
     factory = loader.dataset.factory
-    assert hasattr(factory, "end_label"), f"{type(factory).__name__} has no end_label; update _full_rows"
-    factory.end_label = None
+    assert "end_label" in factory.specials, f"{type(factory).__name__} has no end_label; update _full_rows"
+    factory.specials = {**factory.specials, "end_label": None}
     return loader
 
 

@@ -111,7 +111,7 @@ def test_token_shares_with_two_workers(sources, tok_path):
     weights = {"a": 0.5, "b": 0.3, "c": 0.2}
     loader = pretrain(sources, tokenizer=tok_path, weights=weights, seq_len=255, batch_size=4, num_workers=2,
                       buffer_size=64, seed=2)
-    loader.dataset.factory.end_label = None  # raw labels (row[1:]): _identify reads row[T] from labels[:, -1]
+    loader.dataset.factory.specials = {**loader.dataset.factory.specials, "end_label": None}  # raw labels (row[1:]): _identify reads row[T] from labels[:, -1]
     it = iter(loader)
     batches = [next(it) for _ in range(300)]
     stats = loader.stats()

@@ -29,7 +29,7 @@ def test_bestfit_finite_epoch_emits_every_token_exactly_once(real_corpus, num_wo
                       buffer_size=200, num_workers=num_workers)
     # Raw labels (row[1:]): this test reads each row's last token back from labels[:, -1], which the
     # document-end rule (predict_bos, tests/test_labels.py) replaces by BOS after a document's end.
-    loader.dataset.factory.end_label = None
+    loader.dataset.factory.specials = {**loader.dataset.factory.specials, "end_label": None}
     vocab = 1 << 16
     out = np.zeros(vocab, np.int64)  # token id -> how often it came out (a multiset, compared whole)
     for b in loader:

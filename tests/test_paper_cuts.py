@@ -102,8 +102,10 @@ def test_for_cli_rewrites_keywords_outside_quotes_only():
     assert for_cli("stop='first_exhausted' needs epochs=n") == "--stop 'first_exhausted' needs --epochs n"
     assert for_cli("pass the same num_workers to resume") == "pass the same --workers to resume"
     assert for_cli("expected name=weight, e.g. code=0.7") == "expected name=weight, e.g. code=0.7"
-    assert for_cli("pass stop='x' with cycle_exhausted=False or pattern=[a]").endswith(
-        "(cycle_exhausted=, pattern= are Python API keywords with no command-line flag)")
+    assert for_cli("pass stop='x' with rank_sync=None or on_error='skip'").endswith(
+        "(rank_sync=, on_error= are Python API keywords with no command-line flag)")
+    assert for_cli("pass stop='x' with cycle_exhausted=False or pattern=[a]") == \
+        "pass --stop 'x' with --cycle-exhausted False or --pattern [a]"  # flags since issue 36
 
 
 def test_every_flag_named_in_advice_exists_and_no_keyword_is_both(capsys):
@@ -459,9 +461,9 @@ def test_resume_takes_every_old_ranks_state_file_for_an_elastic_resume(two_sourc
 
 
 def test_every_elastic_resume_hint_is_said_in_flags():
-    from tokenloom.pipes.loader.bridge import CONFIG_HINTS
+    from tokenloom.pipes.loader.config_check import TOPOLOGY_HINTS
 
     for key in ("world_size", "num_workers"):
-        said = for_cli(CONFIG_HINTS[key])
+        said = for_cli(TOPOLOGY_HINTS[key])
         assert "pass every old rank's state file to --resume (elastic resume" in said, said
         assert "load_state_dict" not in said and "[state, ...]" not in said, said

@@ -26,6 +26,7 @@ relative to the file, so a config can sit next to its data::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import inspect
 import os
 import re
@@ -33,23 +34,15 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
-from tokenloom.pipes.chat import LONG_POLICIES, TEMPLATE_NAMES
-from tokenloom.pipes.mix import STOPS, STRATEGIES, UNITS
-from tokenloom.pipes.sources.readers import TEXT_MODES
+from tokenloom.pipes.chat import TEMPLATE_NAMES
 from tokenloom.pipes.tokenizer import DEMO_TOKENIZER
-from tokenloom.recipes.packed import PACKINGS
+from tokenloom.recipes.setting import RECIPES, meta_of, settings_fields
 
-RECIPES = ("pretrain", "sft")
 BOTH = RECIPES
 # "name=" at the start of a source: an identifier-like name, so paths and URIs
 # (which hold "/" or ":" before any "=") stay paths.
 _NAMED = re.compile(r"^([A-Za-z_][A-Za-z0-9_.-]*)=(.+)$")
 _URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
-
-
-def _token(value: str) -> Any:
-    """A special token given on the command line: an id if it is all digits, else a token string."""
-    return int(value) if value.isdigit() else value
 
 
 @dataclass(frozen=True)
@@ -62,6 +55,7 @@ class Setting:
     choices: Optional[Tuple[str, ...]] = None
     path: bool = False           # a path: relative to the TOML file when it comes from one
     per_source: bool = False     # one value for every source, or name=value per source (a TOML table)
+    many: bool = False           # several names: a,b,a on the command line, a list in the TOML file
 
     def metavar(self) -> Optional[str]:
         if self.per_source:
@@ -69,6 +63,8 @@ class Setting:
             return f"{word}|NAME={word}"
         if self.choices:
             return None
+        if self.many:
+            return "NAME,NAME,..."
         return "PATH" if self.path else "N" if self.type is int else self.key.split("_")[-1].upper()
 
     @property
@@ -76,44 +72,51 @@ class Setting:
         return "--" + self.key.replace("_", "-")
 
 
+def _names(value: str) -> List[str]:
+    """``a,b,a`` -> ``["a", "b", "a"]``."""
+    return [v for v in value.split(",") if v]
+
+
+def recipe_settings() -> Tuple[Setting, ...]:
+    """A flag per setting of the recipes that has a command-line form (recipes/settings.py), in the
+    order the recipes list them; a setting both recipes take is one flag."""
+    from tokenloom.recipes.settings import PackedSpec
+
+    found: Dict[str, Setting] = {}
+    for recipe in RECIPES:
+        for keyword, (attr, name) in PackedSpec.keywords(recipe).items():
+            meta = meta_of(dict(settings_fields(PackedSpec.groups(recipe)[attr]))[name])
+            cli = meta.cli
+            if cli is None:
+                continue
+            key = cli.key or keyword
+            if key in found:
+                seen = found[key]
+                doc = seen.help if meta.doc == seen.help else f"{seen.help}; {recipe}: {meta.doc}"
+                found[key] = dataclasses.replace(seen, recipes=seen.recipes + (recipe,), help=doc)
+                continue
+            found[key] = Setting(key, keyword, _names if cli.many else cli.type, meta.doc, recipes=(recipe,),
+                                 choices=cli.choices, path=cli.path, per_source=cli.per_source, many=cli.many)
+    return tuple(found.values())
+
+
+def no_flag_settings() -> List[str]:
+    """The recipes' keywords for settings with no command-line form (sources and weights have
+    their own arguments)."""
+    from tokenloom.recipes.settings import PackedSpec
+
+    out = []
+    for recipe in RECIPES:
+        for keyword, (attr, name) in PackedSpec.keywords(recipe).items():
+            meta = meta_of(dict(settings_fields(PackedSpec.groups(recipe)[attr]))[name])
+            if meta.cli is None and keyword not in ("sources", "weights") and keyword not in out:
+                out.append(keyword)
+    return out
+
+
 SETTINGS: Tuple[Setting, ...] = (
     Setting("recipe", None, str, "what to build (default: pretrain)", choices=RECIPES),
-    Setting("tokenizer", "tokenizer", str, f"path to tokenizer.json or a tokenizer directory, a tiktoken encoding "
-            f"name, or {DEMO_TOKENIZER!r} for the shipped 4096-id demo tokenizer (required: a model trained on the "
-            "wrong tokenizer is wasted)", path=True),
-    Setting("seq_len", "seq_len", int, "tokens per row (T)"),
-    Setting("batch_size", "batch_size", int, "rows per batch (B)"),
-    Setting("packing", "packing", str, "how documents fill rows", choices=PACKINGS),
-    Setting("buffer_size", "buffer_size", int, "documents the best-fit packer looks at"),
-    Setting("workers", "num_workers", int, "loader worker processes (0: in this process)"),
-    Setting("seed", "seed", int, "shuffle seed"),
-    Setting("epochs", "epochs", int, "passes over the data, then stop (default: cycle forever)"),
-    Setting("mix", "mix", str, "how sources are chosen", choices=STRATEGIES),
-    Setting("weights_unit", "weights_unit", str, "weights count tokens or documents", choices=UNITS),
-    Setting("stop", "stop", str, "when a finite mixture ends (needs --epochs)", choices=STOPS),
-    Setting("text_column", "text_column", str, "parquet column / jsonl field holding the text; name=column per "
-            "source, e.g. --text-column stories=story web=text", recipes=("pretrain",), per_source=True),
-    Setting("text_mode", "text_mode", str, f"text files: one document per file or per paragraph "
-            f"({' or '.join(TEXT_MODES)}; name=mode per source)", recipes=("pretrain",), choices=TEXT_MODES,
-            per_source=True),
-    Setting("bos", "bos", _token, "token string or id put before every document (default: the tokenizer's; "
-            "sft: the chat template's)"),
-    Setting("eos", "eos", _token, "token string or id put after every document (default: none)",
-            recipes=("pretrain",)),
-    Setting("predict_bos", "predict_bos", bool, "label a document's last token with BOS (the model learns where "
-            "documents end); --no-predict-bos: -100 there, nothing trained across documents", recipes=("pretrain",)),
-    Setting("pad", "pad", _token, "token string or id of padding input_ids (default: the BOS id; sft: 0)"),
-    Setting("cache", "cache", str, "token cache directory (path or URI) that `tokenloom tokenize --out` wrote: "
-            "ids instead of text, the same batches", recipes=("pretrain",), path=True),
-    Setting("cache_strict", "cache_strict", bool, "refuse a cache that lacks units, instead of tokenizing them "
-            "on the fly", recipes=("pretrain",)),
-    Setting("messages_field", "messages_field", str, "jsonl field / parquet column holding the conversation; "
-            "name=field per source", recipes=("sft",), per_source=True),
-    Setting("template", "template", str, f"chat template: {' or '.join(TEMPLATE_NAMES)}, a Jinja file, a "
-            "tokenizer_config.json or a tokenizer directory (default: the tokenizer's own, else its role tokens, "
-            "else chatml)", recipes=("sft",), path=True),
-    Setting("long_conversations", "long_conversations", str, "conversations longer than a row",
-            recipes=("sft",), choices=LONG_POLICIES),
+    *recipe_settings(),
     Setting("steps", None, int, "batches to take (default: 100, or to the end with --epochs)"),
 )
 BY_KEY = {s.key: s for s in SETTINGS}
@@ -292,8 +295,13 @@ def read_toml(path: str) -> Dict[str, Any]:
             raise ValueError(f"--config {path!r}: {raw} = {value!r} must be an integer")
         if setting is not None and setting.type is bool and not isinstance(value, bool):
             raise ValueError(f"--config {path!r}: {raw} = {value!r} must be true or false")
+        if setting is not None and setting.many and not (
+                isinstance(value, list) and all(isinstance(v, str) for v in value)):
+            raise ValueError(f"--config {path!r}: {raw} = {value!r} must be a list of names, e.g. [\"a\", \"b\"]")
         if setting is not None and setting.path and isinstance(value, str):
             value = _relative_to(base, value)
+        elif setting is not None and setting.path and isinstance(value, Mapping):
+            value = {k: _relative_to(base, v) if isinstance(v, str) else v for k, v in value.items()}
         if setting is not None and setting.per_source and not (
                 isinstance(value, str) or isinstance(value, Mapping) and all(isinstance(v, str) for v in value.values())):
             raise ValueError(f"--config {path!r}: {raw} = {value!r} must be a string, or a table of one string per "
@@ -407,3 +415,15 @@ def describe(recipe: str, loader: Any) -> str:
             weights += f" (schedule of {len(c['weights'])})"
     return (f"{recipe}: sources {sources}{weights}; seq_len={c['seq_len']} batch_size={c['batch_size']} "
             f"workers={c['num_workers']} packing={c['packing']} seed={c['seed']} epochs={c['epochs']}")
+
+
+def settings_lines(spec: Any) -> List[str]:
+    """Every setting the loader was built with (its spec, validated), a line per group: what
+    ``inspect --settings`` prints. Keywords as the recipe takes them."""
+    from tokenloom.recipes.setting import keyword_of
+
+    lines: Dict[str, List[str]] = {}
+    for attr, name, meta, value in spec.items():
+        shown = getattr(value, "fingerprint", None) or value  # a loaded tokenizer: its fingerprint
+        lines.setdefault(attr, []).append(f"{keyword_of(name, meta, spec.recipe)}={shown!r}")
+    return [f"  {attr}: " + " ".join(words) for attr, words in lines.items()]

@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from typing import Dict, List, Optional
 
-from .cli_config import SETTINGS
+from .cli_config import SETTINGS, no_flag_settings
 
 #: Keyword -> flag: every setting (by its recipe keyword, or its own name), plus the keywords of nodes and load_state_dict that a setting feeds.
 FLAG_OF: Dict[str, str] = {
@@ -28,11 +28,12 @@ FLAG_OF: Dict[str, str] = {
     "allow_weight_change": "--allow-weight-change",
 }
 
-#: Keywords of the Python API (recipes, readers, loader) that no command-line flag sets.
-NO_FLAG = ("on_error", "on_null", "require_type", "field", "cycle_exhausted", "pattern", "burst", "rank",
-           "world_size", "rank_sync", "padding_batch", "manifest", "device", "errors", "fmt",
-           "endpoint_override", "scheme", "max_wait", "prefetch_factor", "persistent_workers", "pin_memory",
-           "snapshot_every_n_steps")
+#: Keywords of the Python API that no command-line flag sets: the recipes' settings without one
+#: (recipes/settings.py says why), and the readers' and the loader's own.
+NO_FLAG = tuple(dict.fromkeys(
+    [*no_flag_settings(), "on_error", "on_null", "require_type", "field", "padding_batch", "device", "errors",
+     "fmt", "endpoint_override", "scheme", "prefetch_factor", "persistent_workers", "pin_memory",
+     "snapshot_every_n_steps"]))
 
 # Whole phrases first: where a word-for-word rewrite would not read as advice for a flag.
 _PHRASES = (

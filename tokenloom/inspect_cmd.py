@@ -18,7 +18,7 @@ import argparse
 import sys
 from typing import Any, List, Tuple
 
-from .cli_config import add_loader_arguments, build_loader, describe, merged_settings, tokenizer_path
+from .cli_config import add_loader_arguments, build_loader, describe, merged_settings, settings_lines, tokenizer_path
 from .summary import IGNORE
 
 SEGMENT = " ‖ "
@@ -33,6 +33,7 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
                                              "use --rows N for more of its rows, or tokenloom run --steps N"})
     p.add_argument("--rows", type=int, default=4, help="rows to show (default: %(default)s)")
     p.add_argument("--chars", type=int, default=600, help="characters of text per row (default: %(default)s)")
+    p.add_argument("--settings", action="store_true", help="print every setting the loader was built with first")
     p.add_argument("--color", choices=("auto", "always", "never"), default="auto",
                    help="colour the trained span and markers (auto: when stdout is a terminal)")
     p.set_defaults(run=inspect_batch)
@@ -117,6 +118,8 @@ def inspect_batch(args: argparse.Namespace) -> int:
     args.recipe_built = settings.get("recipe")  # names the recipe's flags in an error
     recipe, loader = build_loader(settings)
     print(describe(recipe, loader))
+    if args.settings:
+        print("settings:\n" + "\n".join(settings_lines(loader.settings)))
     batch = next(iter(loader), None)
     if batch is None:
         raise ValueError("the loader produced no batch; are the sources empty?")

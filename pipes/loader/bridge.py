@@ -34,7 +34,7 @@ import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from . import envelope
-from .config_check import CONFIG_CHECKS, CONFIG_HINTS, TOPOLOGY, check_config  # noqa: F401 (re-exported)
+from .config_check import CONFIG_CHECKS, TOPOLOGY, check_config  # noqa: F401 (re-exported)
 from .direct_queue import direct_context
 from .elastic_entry import point_of, read_old_states
 from .elastic import CARRY, apply_carry, build_shard, plan_shards, trimmed, worker_trees
@@ -56,7 +56,10 @@ class TokenLoomLoader(StatefulDataLoader):
     """A `StatefulDataLoader` over a `NodeDataset`, with a validated, versioned state.
 
     Batches are already formed by the graph (``batch_size=None`` underneath);
-    ``config`` is the plain dict of settings a saved state must match.
+    ``config`` is the plain dict of settings a saved state must match, ``config_hints`` what to
+    tell the user per setting when it differs and ``config_follows`` the settings derived from
+    others (config_check.py); ``settings`` is what the loader was built from (a recipe's spec),
+    for the commands that show it.
     """
 
     #: The state's layout (envelope.py, docs/state.md).
@@ -90,7 +93,10 @@ class TokenLoomLoader(StatefulDataLoader):
                  num_workers: int = 0, stats_keys: Sequence[str] = (), stats_min_keys: Sequence[str] = (),
                  stats_view: Optional[Callable[[Dict[str, int], int], Dict[str, Any]]] = None,
                  rank_sync: Optional[Any] = None, padding_batch: Optional[Callable[[], Any]] = None,
-                 ring_bytes: Optional[int] = None, **loader_kwargs: Any):
+                 ring_bytes: Optional[int] = None, settings: Any = None,
+                 config_hints: Optional[Mapping[str, str]] = None,
+                 config_follows: Optional[Mapping[str, Any]] = None, config_absent: Optional[Mapping[str, Any]] = None,
+                 **loader_kwargs: Any):
         for bad in ("batch_size", "shuffle", "sampler", "batch_sampler", "collate_fn", "drop_last"):
             if bad in loader_kwargs:
                 raise TypeError(f"{bad}= is decided by the node graph, not by the DataLoader; remove it")
@@ -118,6 +124,9 @@ class TokenLoomLoader(StatefulDataLoader):
             super().__init__(dataset, batch_size=None, num_workers=num_workers, collate_fn=identity,
                              **loader_kwargs)
         self.config = dict(config)
+        self.settings = settings
+        self.config_hints, self.config_follows = dict(config_hints or {}), dict(config_follows or {})
+        self.config_absent = dict(config_absent or {})
         # The topology is part of every graph's configuration, a recipe's or one a user composed: a state
         # loaded on another one is refused naming it (torchdata alone fails with a bare AssertionError).
         for key, value in (("rank", rank), ("world_size", world_size), ("num_workers", num_workers)):
@@ -328,7 +337,8 @@ class TokenLoomLoader(StatefulDataLoader):
                 f"reads {STATE_FORMAT!r} version {STATE_VERSION}. Resume with the tokenloom version that saved it."
             )
         ignore = (("weights",) if allow_weight_change else ()) + (() if topology else TOPOLOGY)
-        check_config(meta[self.CONFIG], self.config, ignore=ignore)
+        check_config(meta[self.CONFIG], self.config, ignore=ignore, hints=self.config_hints,
+                     follows=self.config_follows, absent=self.config_absent)
         n = len(self.stats_keys)
         bad = {w: len(v) for w, v in meta[self.STATS].items() if len(v) != n}
         if bad or len(meta[self.EARLIER]) != n:

@@ -1,41 +1,29 @@
 """Checking a saved state's configuration against the loader's: every setting that changed is named,
 with what to do about it.
 
-``check_config`` compares the saved and current configuration dicts key by key; ``CONFIG_HINTS`` says
-what to tell the user per setting, ``CONFIG_CHECKS`` gives the settings whose comparison says more
-than "differs" (the files that changed, the sources whose text column changed), and ``TOPOLOGY``
-lists those an elastic resume may change.
+``check_config`` compares the saved and current configuration dicts key by key. What to tell the
+user per setting (``hints``) and which settings derive from others (``follows``) come from whoever
+built the loader: a recipe reads them from its settings' declarations (recipes/settings.py); the
+topology's hints (`TOPOLOGY_HINTS`) are the loader's own. ``CONFIG_CHECKS`` gives the records whose
+comparison says more than "differs" (the files that changed, the sources whose text column
+changed), and ``TOPOLOGY`` lists the settings an elastic resume may change.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Mapping, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from ..check_args import per_source_changes
 from ..sources.fingerprint import check_sources
 
-#: What to tell the user when a setting differs from the one the state was saved with.
-CONFIG_HINTS = {
+#: What to tell the user when the topology differs from the one the state was saved with.
+TOPOLOGY_HINTS = {
     "world_size": "positions are per rank; resume with the same number of ranks, or pass load_state_dict the list "
                   "of every old rank's state, [state, ...], to continue on this topology (elastic resume)",
     "num_workers": "data is sharded per loader worker; pass the same num_workers to resume exactly, or pass "
                    "load_state_dict the list of every old rank's state, [state, ...], to continue with these workers "
                    "(elastic resume)",
-    "seq_len": "rows are packed for one sequence length; resume with the same seq_len",
-    "batch_size": "pass the same batch_size (positions count rows per batch)",
-    "sources": "the files changed (names or sizes); resume on the same files, or start without the state",
-    "tokenizer": "the tokenizer changed; resume with the same tokenizer, or start without the state",
-    "packing": "pass the same packing mode",
-    "buffer_size": "pass the same buffer_size",
-    "buffer_tokens": "pass the same buffer_tokens",
-    "seed": "pass the same seed",
     "rank": "each rank must load its own state",
-    "epochs": "pass the same epochs",
-    "max_wait": "pass the same max_wait (how long a buffered document may wait decides the rows)",
-    "weights": "pass the same weights, or pass allow_weight_change=True to load_state_dict to switch mixtures at this point",
-    "source_order": "the order of the sources decides the mix's ties and the sequence; pass them in the saved order",
-    "text": "documents are read from this column (text files: split this way); pass the saved text_column= "
-            "(sft: messages_field=) and text_mode=, per source as {name: value} where they differ",
 }
 
 
@@ -43,40 +31,48 @@ CONFIG_HINTS = {
 #: (and warn about text files with new modification times); the text column and mode, recorded per
 #: source where the sources differ ({name: "column=... mode=..."}), name the sources whose changed.
 #: A check returns the problems (empty: none), or None to leave the comparison to `check_config`.
-CONFIG_CHECKS: Dict[str, Callable[[Any, Any], Optional[List[str]]]] = {
-    "sources": lambda old, new: ([f"sources: {p}" for p in check_sources(old, new)]
-                                 if isinstance(old, Mapping) and isinstance(new, Mapping) else None),
-    "text": lambda old, new: per_source_changes("text", old, new, CONFIG_HINTS["text"]),
+CONFIG_CHECKS: Dict[str, Callable[[Any, Any, str], Optional[List[str]]]] = {
+    "sources": lambda old, new, hint: ([f"sources: {p}" for p in check_sources(old, new)]
+                                       if isinstance(old, Mapping) and isinstance(new, Mapping) else None),
+    "text": lambda old, new, hint: per_source_changes("text", old, new, hint),
 }
 
 
-def check_config(saved: Mapping[str, Any], current: Mapping[str, Any], *, ignore: tuple = ()) -> None:
+def check_config(saved: Mapping[str, Any], current: Mapping[str, Any], *, ignore: tuple = (),
+                 hints: Optional[Mapping[str, str]] = None,
+                 follows: Optional[Mapping[str, Tuple[Tuple[str, ...], bool]]] = None,
+                 absent: Optional[Mapping[str, Any]] = None) -> None:
     """Raise `ValueError` naming every setting that differs between a saved state and this loader.
 
-    What the user changed comes first: a setting the recipe derives from others when it is not
-    given (pretrain's and sft's ``buffer_tokens`` from ``seq_len``, ``packing`` and ``buffer_size``,
-    recipes/packed.py; ``buffer_size``, None under ``packing="flat"``) is told on the line of the
-    setting it follows from, as a consequence, rather than as a change of its own."""
-    derived = {"buffer_tokens": ("seq_len", "packing", "buffer_size"), "buffer_size": ("packing",),
-               "max_wait": ("buffer_size", "packing")}
+    ``hints``: what to tell the user per setting; ``follows``: per setting, ``(causes, when_absent)``:
+    the settings its recorded value derives from (pretrain's ``buffer_tokens`` from ``seq_len``,
+    ``packing`` and ``buffer_size``), and whether it follows them only where one side records None
+    (``buffer_size``, None under ``packing="flat"`` and given otherwise). What the user changed comes
+    first: a derived setting is told on the line of the setting it follows from, as a consequence,
+    rather than as a change of its own. ``absent``: per setting added later, the value a side that
+    does not record it stands for (recorded only where it differs)."""
+    hints = {**(hints or {}), **TOPOLOGY_HINTS}
+    derived = dict(follows or {})
     found: Dict[str, List[str]] = {}
     for key in sorted(set(saved) | set(current)):
         if key in ignore:
             continue
-        old, new = saved.get(key, "<absent>"), current.get(key, "<absent>")
+        missing = (absent or {}).get(key, "<absent>")
+        old, new = saved.get(key, missing), current.get(key, missing)
         check = CONFIG_CHECKS.get(key)
-        lines = check(old, new) if check is not None else None
+        lines = check(old, new, hints.get(key, "")) if check is not None else None
         if lines is None:
             lines = [] if old == new else [
-                f"{key}: saved with {old!r}, this loader has {new!r} ({CONFIG_HINTS.get(key, 'use the saved value')})"]
+                f"{key}: saved with {old!r}, this loader has {new!r} ({hints.get(key, 'use the saved value')})"]
         if lines:
             found[key] = lines
 
     def follows(key: str, cause: str) -> bool:
         # buffer_size changes with packing only to or from flat (None); buffer_tokens with any of its causes
-        return cause in found and (key != "buffer_size" or None in (saved.get(key), current.get(key)))
+        causes, when_absent = derived[key]
+        return cause in causes and cause in found and (not when_absent or None in (saved.get(key), current.get(key)))
 
-    causes = {key: [c for c in derived.get(key, ()) if follows(key, c)] for key in found}
+    causes = {key: [c for c in derived.get(key, ((), False))[0] if follows(key, c)] for key in found}
     problems = []
     for key, lines in found.items():
         if causes[key]:
