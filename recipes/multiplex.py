@@ -264,7 +264,7 @@ def multiplex(
         shares = {n: w / sum(weights.values()) for n, w in weights.items()}
     config = config_of((spec,), {
         "datasets": [[n, sizes[n]] for n in names], "sampling": spec.sampling_strategy, "weights": shares,
-        "epoch_length": f"{spec.epoch_length} steps={spec.steps} cycle={spec.cycle_shorter} pattern={spec.pattern} "
+        "epoch_length": f"{spec.epoch_length} steps={spec.steps} cycle={cycle} pattern={spec.pattern} "
                         f"burst={spec.burst}",
         "shuffle": f"{spec.shuffle} seed={spec.shuffle_seed}"})
     if spec.prefetch_factor is not None:

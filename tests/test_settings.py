@@ -242,3 +242,37 @@ def test_multiplex_keywords_are_its_settings_and_each_is_recorded_or_says_why_no
                       drop_last=True)
     with pytest.raises(ValueError, match=r"drop_last: saved with False, this loader has True \(pass the same drop_last"):
         other.load_state_dict(state)
+
+
+def test_the_recorded_configuration_is_what_states_saved_before_the_settings_tree_hold(tmp_path):
+    """tests/data/configs_before_issue36.json: ``loader.config`` of these calls on the code before
+    recipes/settings.py (commit 4c99fd2), the sources' fingerprints left out (they name the files):
+    a state saved then loads now, and no setting changed its recorded value."""
+    from tokenloom.recipes.multiplex import multiplex
+
+    root = tmp_path
+    for name in ("code", "man"):
+        os.makedirs(root / name)
+        texts = [f"{name} document {i} " + "word " * (5 + i % 40) for i in range(300)]
+        pq.write_table(pa.table({"text": texts}), root / name / "a.parquet", row_group_size=50)
+    with open(root / "c.jsonl", "w") as f:
+        for i in range(40):
+            f.write(json.dumps({"messages": [{"role": "user", "content": f"q {i}"},
+                                             {"role": "assistant", "content": "a"}]}) + "\n")
+    two = {"code": str(root / "code"), "man": str(root / "man")}
+    got = {
+        "single": pretrain(str(root / "code"), "demo", seq_len=63).config,
+        "two": pretrain(two, "demo", seq_len=63, weights={"code": 0.7, "man": 0.3}, epochs=2,
+                        stop="first_exhausted").config,
+        "flat": pretrain(two, "demo", seq_len=63, packing="flat", pad=5, predict_bos=False).config,
+        "crop": pretrain(two, "demo", seq_len=63, packing="bestfit-crop", buffer_size=40, max_wait=30,
+                         mix="alternating", pattern=["code", "man"], burst=2).config,
+        "sched": pretrain(two, "demo", seq_len=63, weights=[(0, {"code": 1, "man": 1}), (10, {"code": 1, "man": 3})],
+                          text_column={"code": "text", "man": "text"}, buffer_tokens=999).config,
+        "sft": sft(str(root / "c.jsonl"), "demo", seq_len=63).config,
+        "mux": multiplex([("a", [{"x": i} for i in range(8)]), ("b", [{"x": -i} for i in range(4)])], batch_size=2,
+                         epoch_length="steps", steps=3).config,
+    }
+    got = json.loads(json.dumps({k: {kk: v for kk, v in c.items() if kk != "sources"} for k, c in got.items()}))
+    with open(os.path.join(os.path.dirname(__file__), "data", "configs_before_issue36.json")) as f:
+        assert got == json.load(f)
