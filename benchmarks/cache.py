@@ -402,7 +402,7 @@ def _markdown(r: Dict[str, Any]) -> str:
                   "delta": "torchdata's incremental delta of that state",
                   "rest of the worker loop": "the rest of torchdata's worker loop (the queues: index in, "
                                              "batch message out)"}
-        feeder = " (writes a message only when the pipe lacks room: direct_queue.py)"
+        feeder = " (writes a message only when the pipe lacks room: pipes/compat/mp_queue.py)"
         lines += ["", f"Where a cached batch's CPU goes, one worker, {bd['batches']:,} batches (its threads' CPU "
                       "time; the parts of its main thread timed inside it):", "",
                   "| where | ms a batch | share of the worker |", "|---|---|---|"]

@@ -272,7 +272,7 @@ def task_snapshot_work() -> dict:
     from torchdata.stateful_dataloader import incremental_state as inc  # private: a benchmark's look inside
 
     from tokenloom.pipes.loader.bridge import NodeDataset
-    from tokenloom.pipes.loader.snapshot import WholeState
+    from tokenloom.pipes.compat.torchdata import WholeState
 
     loader = build(corpus_files(), num_workers=0)
     it = iter(loader)

@@ -1,4 +1,4 @@
-"""`DirectQueue` (pipes/loader/direct_queue.py): a small message is written in the caller's
+"""`DirectQueue` (pipes/compat/mp_queue.py): a small message is written in the caller's
 thread, a big one through the feeder thread, and readers see every message whole and in
 each writer's order, with writers in several processes and a pipe that fills up."""
 
@@ -13,7 +13,7 @@ import threading
 import pytest
 import torch
 
-from tokenloom.pipes.loader.direct_queue import DirectForkContext, DirectQueue, direct_context
+from tokenloom.pipes.compat.mp_queue import DirectForkContext, DirectQueue, direct_context
 from tokenloom.recipes import pretrain
 
 from .conftest import synthetic_texts, write_corpus

@@ -180,9 +180,10 @@ def test_workers_send_through_their_rings_when_forked(corpus, tok_path, context)
 
 @pytest.mark.parametrize("persistent", [False, True])
 def test_flat_snapshots_give_torchdatas_states_at_every_step(corpus, tok_path, monkeypatch, persistent):
-    """Worker snapshots kept flat (pipes/loader/snapshot.py) give, at every step and across a
+    """Worker snapshots kept flat (pipes/compat/torchdata.py) give, at every step and across a
     second round, the very state torchdata's per-step rebuild gives."""
-    from tokenloom.pipes.loader import bridge, snapshot
+    from tokenloom.pipes.compat import torchdata as snapshot
+    from tokenloom.pipes.loader import bridge
     from tokenloom.pipes.loader.bridge import decode_state
 
     def states(flat: bool):
@@ -226,7 +227,7 @@ def test_flat_snapshots_give_torchdatas_states_at_every_step(corpus, tok_path, m
 def test_flat_snapshots_only_where_torchdata_is_as_expected(corpus, tok_path, monkeypatch):
     """The flat snapshots rely on torchdata internals: they are checked at import (a changed
     torchdata keeps its own per-step rebuild instead of failing at the first batch)."""
-    from tokenloom.pipes.loader import snapshot
+    from tokenloom.pipes.compat import torchdata as snapshot
 
     assert snapshot._EXPECTED and snapshot._internals_as_expected()  # the pinned torchdata
     with monkeypatch.context() as m:  # a torchdata whose _update_snapshot changed
@@ -244,7 +245,7 @@ def test_a_workers_graph_state_reaches_torchdata_as_one_leaf(corpus, tok_path):
     """torchdata diffs each worker's flattened state at every step; the graph's state is one leaf
     (snapshot.WholeState), and the saved state holds it as the plain nested dict."""
     from tokenloom.pipes.loader.bridge import decode_state
-    from tokenloom.pipes.loader.snapshot import WholeState
+    from tokenloom.pipes.compat.torchdata import WholeState
 
     loader = pretrain(corpus[0], tokenizer=tok_path, seq_len=63, batch_size=2, buffer_size=16, seed=1, num_workers=2)
     it = iter(loader)

@@ -35,7 +35,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from . import envelope
 from .config_check import CONFIG_CHECKS, TOPOLOGY, check_config  # noqa: F401 (re-exported)
-from .direct_queue import direct_context
+from ..compat.mp_queue import direct_context
 from .elastic_entry import point_of, read_old_states
 from .elastic import CARRY, apply_carry, build_shard, plan_shards, trimmed, worker_trees
 from .envelope import (DIGEST, KEY_PREFIX, STATE_FORMAT, STATE_VERSION, decode_state,  # noqa: F401 (re-exported)
@@ -43,7 +43,7 @@ from .envelope import (DIGEST, KEY_PREFIX, STATE_FORMAT, STATE_VERSION, decode_s
 from .fetch_ahead import FetchAhead
 from .iteration import StatsIterator, WorkerInit, identity
 from .node_dataset import GraphFactory, NodeDataset, ShardContext  # noqa: F401 (re-exported)
-from .snapshot import keep_snapshots_flat, nested_snapshot
+from ..compat.torchdata import keep_snapshots_flat, nested_snapshot
 from .wire import DROP_KEY, STALE_KEY, STALE_MESSAGE, STATS_KEY, WireBatch, public_batch  # noqa: F401 (re-exported)
 from .wire_ring import make_rings, uses_fork
 from .worker_start import WORKER_START

@@ -19,7 +19,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from ..base import StateError
 from .elastic import CARRY, apply_carry, build_shard, check_elastic
-from .snapshot import WholeState
+from ..compat.torchdata import WholeState
 from .wire import WireBatch, public_batch
 from .wire_ring import BatchRing
 
