@@ -47,6 +47,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from .compat.tiktoken import ordinary_encoder
+
 #: ``tokenizers``' ByteLevel pre-tokenizer regex (use_regex=True), which is GPT-2's.
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 
@@ -327,23 +329,10 @@ def threads_wanted() -> int:
     return 1 if off else (os.cpu_count() or 1)
 
 
-def _ordinary_ids(core: Any) -> Any:
-    """text -> int32 ids, special-token spellings as text. The core's buffer encoder, where this
-    tiktoken has it, with no special token allowed: the same ids as ``encode_ordinary`` (checked on
-    the sample in tests), written into one buffer instead of a list of Python ints, which takes less
-    time a token (see docs/performance.md)."""
-    to_buffer = getattr(core, "encode_to_tiktoken_buffer", None)
-    if to_buffer is None:  # tiktoken < 0.8
-        return lambda text: np.asarray(core.encode_ordinary(text), dtype=np.int32)
-    none: frozenset = frozenset()
-    # ids are < 2**31, so the uint32 buffer is read as int32 without a copy
-    return lambda text: np.frombuffer(to_buffer(text, none), dtype=np.int32)
-
-
 def encode_batch(enc: Any, texts: Sequence[str], threads: Optional[int] = None) -> List[np.ndarray]:
     """int32 id arrays (read-only), special-token spellings encoded as text. Calls the core
     directly: a text with a lone surrogate raises (as `tokenizers` does) instead of being repaired."""
-    encode = _ordinary_ids(enc._core_bpe)
+    encode = ordinary_encoder(enc)
     threads = threads_wanted() if threads is None else threads
     if threads <= 1 or len(texts) < 2:
         return [encode(t) for t in texts]

@@ -225,15 +225,15 @@ def test_flat_snapshots_give_torchdatas_states_at_every_step(corpus, tok_path, m
 
 
 def test_flat_snapshots_only_where_torchdata_is_as_expected(corpus, tok_path, monkeypatch):
-    """The flat snapshots rely on torchdata internals: they are checked at import (a changed
+    """The flat snapshots rely on torchdata internals: they are checked on first use (a changed
     torchdata keeps its own per-step rebuild instead of failing at the first batch)."""
     from tokenloom.pipes.compat import torchdata as snapshot
 
-    assert snapshot._EXPECTED and snapshot._internals_as_expected()  # the pinned torchdata
+    assert snapshot.flat_snapshots_ok() and snapshot._internals_as_expected()  # the pinned torchdata
     with monkeypatch.context() as m:  # a torchdata whose _update_snapshot changed
         m.setattr(snapshot._StatefulMultiProcessingDataLoaderIter, "_update_snapshot", lambda self, step: None)
         assert not snapshot._internals_as_expected()
-    monkeypatch.setattr(snapshot, "_EXPECTED", False)
+    monkeypatch.setattr(snapshot, "flat_snapshots_ok", lambda: False)
     loader = pretrain(corpus[0], tokenizer=tok_path, seq_len=63, batch_size=2, buffer_size=16, seed=1, num_workers=2)
     it = iter(loader)
     next(it)

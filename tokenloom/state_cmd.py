@@ -22,6 +22,7 @@ import os
 from typing import Any, Dict, List, Mapping, Optional
 
 from tokenloom.pipes.batch import Batch
+from tokenloom.pipes.compat.torchdata import last_yielded_worker
 from tokenloom.pipes.chat import RenderChat
 from tokenloom.pipes.loader.elastic import unpack_slices, worker_trees
 from tokenloom.pipes.sources.fingerprint import fingerprint_summary
@@ -198,10 +199,9 @@ def show_state(args: argparse.Namespace) -> int:
         lines.append("  saved after the round ran to its end: a resume starts the next round")
     elif phase == "padding":
         lines.append("  this rank's data had ended; a resume yields padding batches until every rank's has")
-    snapshot = inner.get("_snapshot")
-    if snapshot is not None and config.get("num_workers"):
-        nxt = (snapshot["_last_yielded_worker_id"] + 1) % config["num_workers"]
-        lines.append(f"  the next batch comes from worker {nxt}")
+    last = last_yielded_worker(inner)
+    if last is not None and config.get("num_workers"):
+        lines.append(f"  the next batch comes from worker {(last + 1) % config['num_workers']}")
     elastic = meta.get("elastic")
     if elastic is not None:
         left = {w: sum(len(unpack_slices(src["prefix"])) for src in plan["sources"].values())

@@ -1,26 +1,29 @@
-"""Worker snapshots kept flat until a state is asked for.
+"""torchdata's internals, used here and nowhere else: worker snapshots kept flat, and the hook
+where a loader's iterator (and its workers) is made.
 
-`StatefulDataLoader` (snapshot every step, which tokenloom needs: any batch may be the
-one a checkpoint resumes after) applies each worker's state delta to a flat
-``{key path: leaf}`` dict, then rebuilds every worker's nested state dict at every
-step (`_update_snapshot`), though a state is asked for once in thousands of steps.
-With the token cache that rebuild is ~32 us per worker per batch: ~17% of the
-training process's own work per batch, with 2 workers.
+Flat snapshots. `StatefulDataLoader` (snapshot every step, which tokenloom needs: any batch may be
+the one a checkpoint resumes after) applies each worker's state delta to a flat ``{key path:
+leaf}`` dict, then rebuilds every worker's nested state dict at every step (`_update_snapshot`),
+though a state is asked for once in thousands of steps. `keep_snapshots_flat` replaces that step
+on one iterator: it keeps a shallow copy of each worker's flat dicts (leaves are never changed in
+place, a delta replaces them) and `nested_snapshot` builds the same nested dicts when the
+loader's ``state_dict()`` runs. It relies on ``_update_snapshot`` and the
+``_IncrementalWorkerState`` fields; `flat_snapshots_ok` checks them on first use (else
+torchdata's own rebuild stays), and tests/test_wire.py compares the states it gives with
+torchdata's own at every step. What the rebuild costs: docs/performance.md.
 
-`keep_snapshots_flat` replaces that step on one iterator: it keeps a shallow copy of
-each worker's flat dicts (~0.2 us; leaves are never changed in place, a delta
-replaces them) and `nested_snapshot` builds the same nested dicts when the loader's
-``state_dict()`` runs. It touches torchdata internals (`_update_snapshot`, the
-`_IncrementalWorkerState` fields): torchdata is pinned to 0.11, the module checks
-at import that they are as expected (else torchdata's own rebuild stays), and
-tests/test_wire.py compares the states it gives with torchdata's own at every step.
+A worker also hands torchdata its graph's state as one leaf (`WholeState`), not a nested dict:
+torchdata flattens every worker state into ``{key path: leaf}`` and compares it with the previous
+one at every step, in the worker, to send only what changed. Whole, it is one dict comparison,
+and a slightly longer message. `nested_snapshot` gives the plain dicts back.
 
-A worker also hands torchdata its graph's state as one leaf (`WholeState`), not a nested
-dict: torchdata flattens every worker state into ``{key path: leaf}`` and compares it with
-the previous one at every step, in the worker, to send only what changed. For a two-source
-pretrain graph (41 leaves) that was ~30 us a batch, 3% of a worker's batch from the token
-cache, to drop the few leaves that did not move. Whole, it is one dict comparison, and a
-message ~300 bytes longer. `nested_snapshot` gives the plain dicts back.
+The iterator. `IteratorHook` runs a loader's ``start_iterator`` around
+``StatefulDataLoader._get_iterator``, where a new iterator forks its workers;
+`current_iterator` and `stop_workers` read and reset ``_iterator`` and call the iterator's
+``_shutdown_workers``. Fallback where torchdata differs (`iterator_hook_ok` False): the loader
+calls ``start_iterator`` around its whole ``iter()`` and sends batches through the pipe (no
+shared-memory ring, whose rings must be made for each new set of workers), and stopped workers
+are left to the garbage collector (tests/test_compat.py forces it).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from __future__ import annotations
 import functools
 import inspect
 import weakref
-from typing import Any, Dict, NamedTuple, Optional
+from typing import Any, Callable, Dict, Mapping, NamedTuple, Optional
 
 from torchdata.stateful_dataloader.incremental_state import (
     _DATASET_ITER_STATE,
@@ -39,6 +42,7 @@ from torchdata.stateful_dataloader.incremental_state import (
     _IncrementalWorkerState,
     _unflatten,
 )
+from torchdata.stateful_dataloader import StatefulDataLoader
 from torchdata.stateful_dataloader.stateful_dataloader import _StatefulMultiProcessingDataLoaderIter
 
 
@@ -102,6 +106,12 @@ def _update_snapshot_flat(self, snapshot_step, last_yielded_worker_id, num_worke
     }
 
 
+@functools.lru_cache(maxsize=None)
+def flat_snapshots_ok() -> bool:
+    """`_internals_as_expected`, asked once."""
+    return _internals_as_expected()
+
+
 def _internals_as_expected() -> bool:
     """Whether this torchdata has the internals `_update_snapshot_flat` relies on; if not, its
     own per-step rebuild stays (slower, never wrong)."""
@@ -119,15 +129,12 @@ def _internals_as_expected() -> bool:
                                                                         "_incr_fetcher_iter_state")))
 
 
-_EXPECTED = _internals_as_expected()
-
-
 def keep_snapshots_flat(it: Any) -> Any:
     """Make a multi-worker iterator keep its snapshots flat (see the module docstring)."""
-    if _EXPECTED and isinstance(it, _StatefulMultiProcessingDataLoaderIter):
+    if flat_snapshots_ok() and isinstance(it, _StatefulMultiProcessingDataLoaderIter):
         # Through a weak proxy: a bound method stored on the iterator would be a reference
-        # cycle, leaving the iterator (and its workers' shutdown) to the garbage collector:
-        # deleting a loader with persistent workers then took 10 s instead of 0.1 s.
+        # cycle, leaving the iterator (and its workers' shutdown) to the garbage collector, which
+        # makes deleting a loader with persistent workers wait for the workers' exit timeouts.
         it._update_snapshot = functools.partial(_update_snapshot_flat, weakref.proxy(it))
     return it
 
@@ -143,3 +150,81 @@ def nested_snapshot(inner: Dict[str, Any]) -> Dict[str, Any]:
         inner[_StatefulMultiProcessingDataLoaderIter._SNAPSHOT] = dict(snap, **{key: {k: w.nested() for k, w in
                                                                                       workers.items()}})
     return plain(inner)
+
+
+# --- the loader's iterator ------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=None)
+def iterator_hook_ok() -> bool:
+    """Whether this torchdata makes every iterator in ``StatefulDataLoader._get_iterator`` and keeps
+    it in ``_iterator``, as `IteratorHook` expects (torchdata 0.11)."""
+    get = getattr(StatefulDataLoader, "_get_iterator", None)
+    code = getattr(StatefulDataLoader.__iter__, "__code__", None)
+    return get is not None and code is not None and {"_get_iterator", "_iterator"} <= set(code.co_names)
+
+
+class IteratorHook:
+    """Mixin for a `StatefulDataLoader`: ``start_iterator(make)`` runs around the making of each new
+    iterator, which is where its workers are forked. Fallback, where torchdata makes iterators
+    otherwise (`iterator_hook_ok` False): ``__iter__`` of the loader calls `start_iterator` around
+    the whole ``iter()`` itself (`hooked`)."""
+
+    def start_iterator(self, make: Callable[[], Any]) -> Any:
+        raise NotImplementedError
+
+    def _get_iterator(self):
+        if not iterator_hook_ok():
+            return super()._get_iterator()  # type: ignore[misc]
+        return self.start_iterator(super()._get_iterator)  # type: ignore[misc]
+
+    @staticmethod
+    def hooked() -> bool:
+        """Whether new iterators go through `start_iterator` by themselves."""
+        return iterator_hook_ok()
+
+
+def current_iterator(loader: Any) -> Optional[Any]:
+    """The iterator the loader would continue (None: not started, or forgotten)."""
+    return getattr(loader, "_iterator", None)
+
+
+def stop_workers(loader: Any, it: Any) -> None:
+    """Stop ``it``'s workers now, and make the loader start fresh ones at its next iter()
+    (persistent workers too). Fallback: left to the garbage collector."""
+    shutdown = getattr(it, "_shutdown_workers", None)
+    if shutdown is not None:
+        shutdown()
+        if getattr(loader, "_iterator", None) is it:
+            loader._iterator = None
+
+
+# --- the loader state's layout ---------------------------------------------------------------
+# StatefulDataLoader's state dict is torchdata's own format (its iterators' _SNAPSHOT constants);
+# the readers below are the one place that knows it.
+
+def worker_dataset_states(loader_state: Mapping[str, Any]) -> Dict[int, Any]:
+    """``{worker: its dataset state}`` in a StatefulDataLoader state (0 workers: the main process's
+    fetcher holds the one dataset state, as worker 0)."""
+    snapshot = loader_state.get(_StatefulMultiProcessingDataLoaderIter._SNAPSHOT)
+    if snapshot is None:
+        return {0: _dataset_state(loader_state)}
+    workers = snapshot[_StatefulMultiProcessingDataLoaderIter._WORKER_SNAPSHOTS]
+    return {int(w[_WORKER_ID]): _dataset_state(w) for w in workers.values()}
+
+
+def _dataset_state(holder: Mapping[str, Any]) -> Any:
+    fetcher = holder.get(_FETCHER_STATE) or {}
+    return fetcher.get(_DATASET_ITER_STATE) or holder.get(_DATASET_STATE)
+
+
+def last_yielded_worker(loader_state: Mapping[str, Any]) -> Optional[int]:
+    """The worker the last batch came from (None: 0 workers, or not started)."""
+    snapshot = loader_state.get(_StatefulMultiProcessingDataLoaderIter._SNAPSHOT)
+    if snapshot is None:
+        return None
+    return int(snapshot[_StatefulMultiProcessingDataLoaderIter._LAST_YIELDED_WORKER_ID])
+
+
+def steps_since_snapshot(loader_state: Mapping[str, Any]) -> int:
+    """Batches yielded after the last worker snapshot (``snapshot_every_n_steps > 1``)."""
+    return int(loader_state.get(_StatefulMultiProcessingDataLoaderIter._STEPS_SINCE_SNAPSHOT) or 0)

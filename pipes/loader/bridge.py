@@ -43,16 +43,15 @@ from .envelope import (DIGEST, KEY_PREFIX, STATE_FORMAT, STATE_VERSION, decode_s
 from .fetch_ahead import FetchAhead
 from .iteration import StatsIterator, WorkerInit, identity
 from .node_dataset import GraphFactory, NodeDataset, ShardContext  # noqa: F401 (re-exported)
-from ..compat.torchdata import keep_snapshots_flat, nested_snapshot
+from ..compat.accelerate import AcceleratePrepared
+from ..compat.torchdata import IteratorHook, current_iterator, keep_snapshots_flat, nested_snapshot
 from .wire import DROP_KEY, STALE_KEY, STALE_MESSAGE, STATS_KEY, WireBatch, public_batch  # noqa: F401 (re-exported)
 from .wire_ring import make_rings, uses_fork
 from .worker_start import WORKER_START
 
-# torchdata's own key for "this iterator ran to its end" (stateful_dataloader.py).
-_ITERATOR_FINISHED = "_iterator_finished"
 
 
-class TokenLoomLoader(StatefulDataLoader):
+class TokenLoomLoader(AcceleratePrepared, IteratorHook, StatefulDataLoader):
     """A `StatefulDataLoader` over a `NodeDataset`, with a validated, versioned state.
 
     Batches are already formed by the graph (``batch_size=None`` underneath);
@@ -70,25 +69,9 @@ class TokenLoomLoader(StatefulDataLoader):
     PHASE, ELASTIC, ROUND_PADDING, LINEAGE = envelope.PHASE, envelope.ELASTIC, envelope.ROUND_PADDING, envelope.LINEAGE
     #: Where the current round stands (envelope.py).
     DATA, PADDING, OVER = envelope.DATA, envelope.PADDING, envelope.OVER
-    #: Accelerate saves and loads this loader's own state_dict() with save_state/load_state
-    #: (tokenloom/integrations/accelerate.py).
+    #: Accelerate saves and loads this loader's own state_dict() with save_state/load_state, and
+    #: keeps the loader as it is (compat/accelerate.py, tokenloom/integrations/accelerate.py).
     use_stateful_dataloader = True
-    #: Set by Accelerate's prepare (integrations/accelerate.py): the device batches are put on.
-    batch_device: Optional[torch.device] = None
-
-    @property
-    def _is_accelerate_prepared(self) -> bool:
-        # Accelerate's prepare() asks this before re-creating a DataLoader around .dataset (a
-        # rank-0 dispatcher or a second sharding): yes, keep this loader as it is.
-        from tokenloom.integrations.accelerate import on_prepare
-
-        on_prepare(self)
-        return True
-
-    @_is_accelerate_prepared.setter
-    def _is_accelerate_prepared(self, value: bool) -> None:
-        pass  # Accelerate marks what it prepared; this loader always counts as prepared
-
     def __init__(self, factory: GraphFactory, *, config: Mapping[str, Any], rank: int = 0, world_size: int = 1,
                  num_workers: int = 0, stats_keys: Sequence[str] = (), stats_min_keys: Sequence[str] = (),
                  stats_view: Optional[Callable[[Dict[str, int], int], Dict[str, Any]]] = None,
@@ -131,8 +114,9 @@ class TokenLoomLoader(StatefulDataLoader):
         # loaded on another one is refused naming it (torchdata alone fails with a bare AssertionError).
         for key, value in (("rank", rank), ("world_size", world_size), ("num_workers", num_workers)):
             self.config.setdefault(key, value)
-        # Shared memory per worker for its batches (wire_ring.py); None: through the pipe only.
-        self.ring_bytes = ring_bytes if num_workers > 0 else None
+        # Shared memory per worker for its batches (wire_ring.py); None: through the pipe only (also
+        # where torchdata gives no hook for each new set of workers, compat/torchdata.py).
+        self.ring_bytes = ring_bytes if num_workers > 0 and self.hooked() else None
         self.stats_keys = tuple(stats_keys)
         # Counters every worker advances on its own shard (passes over a source): the loader's
         # figure is the least of them, not their sum.
@@ -173,11 +157,12 @@ class TokenLoomLoader(StatefulDataLoader):
             self.dataset.round += 1
             self._next_round()
         self._phase, self._padding_inner = self.DATA, None
-        return StatsIterator(self, super().__iter__())
+        return StatsIterator(self, super().__iter__() if self.hooked() else self.start_iterator(super().__iter__))
 
-    def _get_iterator(self):
-        # Workers are forked in here: their rings must exist first. Fresh rings for fresh workers,
-        # so the workers of an iterator still alive cannot write into the new ones.
+    def start_iterator(self, make: Callable[[], Any]) -> Any:
+        """``make()`` a new iterator (compat/torchdata.py's hook): its workers are forked in there, so
+        their rings must exist first. Fresh rings for fresh workers, so the workers of an iterator
+        still alive cannot write into the new ones."""
         if self.ring_bytes and uses_fork(self.multiprocessing_context):
             self.dataset.rings = make_rings(self.num_workers, self.ring_bytes)
         if self.num_workers > 0 and uses_fork(self.multiprocessing_context):
@@ -187,9 +172,9 @@ class TokenLoomLoader(StatefulDataLoader):
         self.dataset.armed = True
         try:
             if self.num_workers == 0:
-                return keep_snapshots_flat(super()._get_iterator())
+                return keep_snapshots_flat(make())
             with WORKER_START:
-                return keep_snapshots_flat(super()._get_iterator())
+                return keep_snapshots_flat(make())
         finally:
             if self.num_workers > 0:
                 self.dataset.armed = False  # its workers are forked: later forks are not tokenloom's
@@ -228,11 +213,6 @@ class TokenLoomLoader(StatefulDataLoader):
         self._padding_batches += 1
         self._round_padding += 1
         return self._place(self.padding_batch())
-
-    def forget_iterator(self, it: Any) -> None:
-        """``it``'s workers were stopped: the next iter() starts fresh ones (persistent workers too)."""
-        if self._iterator is it:
-            self._iterator = None
 
     def _place(self, batch: Any) -> Any:
         """The batch on `batch_device` (Accelerate's), else as it is."""
@@ -323,7 +303,7 @@ class TokenLoomLoader(StatefulDataLoader):
     def _inner_state(self) -> Dict[str, Any]:
         if self._padding_inner is not None:
             return self._padding_inner
-        if self._iterator is None and self.next_iter_state is None:
+        if current_iterator(self) is None and self.next_iter_state is None:
             # Not started and nothing loaded: the start of the round. (StatefulDataLoader would
             # start the workers to ask them, which torch.distributed.checkpoint's load does
             # on a fresh loader: 130-290 ms with 2 workers, thrown away at the load.)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Mapping, Sequence, Set, Tuple
 
+from ..compat.torchdata import steps_since_snapshot
 from .envelope import CONFIG, ELASTIC, LINEAGE, LOADER, META, OVER, PHASE, ROUND, ROUND_PADDING, STEPS
 from .node_dataset import ShardContext
 from .old_shards import OldShard, read_old_shards, worker_trees
@@ -56,9 +57,9 @@ def old_positions(states: Sequence[Mapping[str, Any]]) -> List[Tuple[int, Dict[i
     held = []
     for state in states:
         meta, inner = state[META], state[LOADER]
-        if inner.get("_steps_since_snapshot"):
+        if steps_since_snapshot(inner):
             raise ValueError(f"rank {int(meta[CONFIG]['rank'])}'s state was taken "
-                             f"{inner['_steps_since_snapshot']} batches after its last worker snapshot "
+                             f"{steps_since_snapshot(inner)} batches after its last worker snapshot "
                              "(snapshot_every_n_steps > 1): an elastic resume needs the position of every batch; "
                              "save with snapshot_every_n_steps=1 (the default)")
         # {}: saved before the round started

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
 from ..tokenizer_threads import single_thread_tokenizers
+from ..compat.torchdata import stop_workers
 from .wire import DROP_KEY, STALE_KEY, STALE_MESSAGE
 from .worker_memory import settle_worker_malloc
 
@@ -54,10 +55,7 @@ class StatsIterator:
         # The graph failed: stop the workers now. Left to a later gc pass (the traceback holds
         # the iterator in a cycle), the queues close first and the shutdown then waits 5 s per
         # worker for an exit signal it can no longer send (10 s with 2 workers, measured).
-        shutdown = getattr(self._it, "_shutdown_workers", None)
-        if shutdown is not None:
-            shutdown()
-            self._loader.forget_iterator(self._it)
+        stop_workers(self._loader, self._it)
 
     def __next__(self):
         ahead = self._loader.fetch_ahead

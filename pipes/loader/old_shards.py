@@ -16,21 +16,14 @@ import numpy as np
 from ..graph import BATCH, BRANCH, MIX, PACKER, READER, parents_of, role_of, walk
 from ..pack.savepoint import NO_DOCS, SOURCE_FIELDS, SavePoint, unpack_docs
 from ..shard import EpochPlans, ShardUnits, WorkSlice, unread_after
+from ..compat.torchdata import worker_dataset_states
 from .plan_format import CARRY, prefix_of
 
 # --- reading old states -----------------------------------------------------------------
 
 def worker_trees(loader_state: Mapping[str, Any]) -> Dict[int, Any]:
     """{worker: the NodeDataset state {"round", "node"}} from StatefulDataLoader's state."""
-    snapshot = loader_state.get("_snapshot")
-    if snapshot is None:  # 0 workers: the main process's fetcher holds the dataset state
-        return {0: _dataset_state(loader_state)}
-    return {int(w["worker_id"]): _dataset_state(w) for w in snapshot["_worker_snapshots"].values()}
-
-
-def _dataset_state(holder: Mapping[str, Any]) -> Any:
-    fetcher = holder.get("fetcher_state") or {}
-    return fetcher.get("dataset_iter_state") or holder.get("dataset_state")
+    return worker_dataset_states(loader_state)
 
 
 def source_of(branch: Any, default: str) -> str:

@@ -28,14 +28,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from tokenloom.pipes.compat.accelerate import accelerator_device
+
 
 def on_prepare(loader: Any) -> None:
-    """Called when Accelerate asks whether ``loader`` is prepared: batches go to the device of
-    this process's accelerator state (CPU: left where they are)."""
-    try:
-        from accelerate.state import PartialState
-    except ImportError:  # asked by something else than Accelerate
-        return
-    state = PartialState()
-    device = getattr(state, "device", None)
-    loader.batch_device = None if device is None or device.type == "cpu" else device
+    """Record the device batches go to: that of this process's Accelerate state (CPU: left where
+    they are). The loader does this itself when Accelerate asks it (pipes/compat/accelerate.py)."""
+    loader.batch_device = accelerator_device()
