@@ -6,7 +6,7 @@ pipe. The thread exists so that ``put`` never blocks on a full pipe. Its price i
 paid on every message: a thread wake-up, a hand-over of the GIL to the feeder and
 back, and the locking around both. torch's DataLoader sends one message per batch
 each way (an index to the worker, the batch back; with tokenloom's ring the batch
-message is ~1 KB), so both the training process and every worker pay it per batch.
+message is about a kilobyte), so both the training process and every worker pay it per batch.
 
 `DirectQueue.put` pickles the message and, when the pipe has room for it, writes it
 at once under the queue's write lock: a write that fits never blocks. A message that
@@ -16,10 +16,8 @@ does every later message until the feeder has written all it was given, so messa
 keep their order. Where the room cannot be measured (not Linux, or a queue whose
 internals differ from what this module expects) it is a plain `multiprocessing.Queue`.
 
-Measured on 2 cores, 2 workers, B=8, T=2048 from a token cache (benchmarks/cache.py's
-loader, 6,000-batch windows, three alternating pairs): the training process's CPU per
-batch 0.23-0.27 -> 0.17-0.18 ms, 22.7-24.3 -> 26.7-27.5 M tokens/s (+10-21%). Of a
-worker's puts, 3 in 6,000 went through the feeder.
+What it saves per batch: docs/performance.md ("Design figures, by module"), measured by
+benchmarks/cache.py's loader.
 """
 
 from __future__ import annotations
