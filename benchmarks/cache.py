@@ -162,7 +162,9 @@ def child_breakdown(root: str, engine: str, batches: int) -> Dict[str, Any]:
     from torchdata.stateful_dataloader import worker as td_worker
     from torchdata.stateful_dataloader.incremental_state import _IncrementalWorkerState
 
-    from tokenloom.pipes.loader import bridge
+    from torch.utils.data import get_worker_info
+
+    from tokenloom.pipes.loader import node_dataset, wire as wire_mod
     from tokenloom.recipes import pretrain
 
     import pyarrow.parquet as pq
@@ -176,7 +178,7 @@ def child_breakdown(root: str, engine: str, batches: int) -> Dict[str, Any]:
         t0 = clock()
         batch = next(self._root)
         t1 = clock()
-        wire = bridge.WireBatch(batch, self.rings[bridge.get_worker_info().id] if self.rings else None)
+        wire = wire_mod.WireBatch(batch, self.rings[get_worker_info().id] if self.rings else None)
         acc["graph"] += t1 - t0
         acc["wire"] += clock() - t1
         count[0] += 1
@@ -196,7 +198,7 @@ def child_breakdown(root: str, engine: str, batches: int) -> Dict[str, Any]:
                 acc[key] += clock() - t0
         return wrapped
 
-    bridge.NodeDataset.__next__ = timed_next
+    node_dataset.NodeDataset.__next__ = timed_next
     pq.ParquetFile.read_row_group = timed(pq.ParquetFile.read_row_group, "read")
     td_worker._make_state_dict = timed(td_worker._make_state_dict, "state")
     _IncrementalWorkerState.generate_delta = timed(_IncrementalWorkerState.generate_delta, "delta")

@@ -276,3 +276,11 @@ def test_the_recorded_configuration_is_what_states_saved_before_the_settings_tre
     got = json.loads(json.dumps({k: {kk: v for kk, v in c.items() if kk != "sources"} for k, c in got.items()}))
     with open(os.path.join(os.path.dirname(__file__), "data", "configs_before_issue36.json")) as f:
         assert got == json.load(f)
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_docs_settings_md_lists_every_setting(recipe):
+    with open(os.path.join(os.path.dirname(__file__), "..", "docs", "settings.md")) as f:
+        text = f.read()
+    missing = [k for k, _, _ in settings_of(recipe) if f"`{k}`" not in text]
+    assert not missing, f"docs/settings.md does not list {missing}"

@@ -28,6 +28,16 @@ class AcceleratePrepared:
     device batches go to (``batch_device``) when it is asked."""
 
     batch_device: Optional[Any] = None
+    pin_memory: bool  # the DataLoader's
+
+    def place_on_device(self, batch: Any) -> Any:
+        """The batch's tensors on `batch_device` (Accelerate's), else the batch as it is."""
+        if self.batch_device is None or not isinstance(batch, dict):
+            return batch
+        import torch
+
+        return {k: v.to(self.batch_device, non_blocking=self.pin_memory) if isinstance(v, torch.Tensor) else v
+                for k, v in batch.items()}
 
     @property
     def _is_accelerate_prepared(self) -> bool:

@@ -28,27 +28,26 @@ from __future__ import annotations
 
 import copy
 import warnings
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence
 
-import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from . import envelope
-from .config_check import CONFIG_CHECKS, TOPOLOGY, check_config  # noqa: F401 (re-exported)
+from .config_check import TOPOLOGY, check_config
 from ..compat.mp_queue import direct_context
 from .elastic_entry import point_of, read_old_states
 from .elastic import CARRY, apply_carry, build_shard, plan_shards, trimmed, worker_trees
-from .envelope import (DIGEST, KEY_PREFIX, STATE_FORMAT, STATE_VERSION, decode_state,  # noqa: F401 (re-exported)
+from .envelope import (KEY_PREFIX, STATE_FORMAT, STATE_VERSION, decode_state,  # noqa: F401 (re-exported)
                        decode_with_digest, digest_of, encode_state, lineage_of)
 from .fetch_ahead import FetchAhead
 from .iteration import StatsIterator, WorkerInit, identity
+from .tally import Tally
 from .node_dataset import GraphFactory, NodeDataset, ShardContext  # noqa: F401 (re-exported)
 from ..compat.accelerate import AcceleratePrepared
 from ..compat.torchdata import IteratorHook, current_iterator, keep_snapshots_flat, nested_snapshot
-from .wire import DROP_KEY, STALE_KEY, STALE_MESSAGE, STATS_KEY, WireBatch, public_batch  # noqa: F401 (re-exported)
+from .wire import STATS_KEY
 from .wire_ring import make_rings, uses_fork
 from .worker_start import WORKER_START
-
 
 
 class TokenLoomLoader(AcceleratePrepared, IteratorHook, StatefulDataLoader):
@@ -118,12 +117,8 @@ class TokenLoomLoader(AcceleratePrepared, IteratorHook, StatefulDataLoader):
         # where torchdata gives no hook for each new set of workers, compat/torchdata.py).
         self.ring_bytes = ring_bytes if num_workers > 0 and self.hooked() else None
         self.stats_keys = tuple(stats_keys)
-        # Counters every worker advances on its own shard (passes over a source): the loader's
-        # figure is the least of them, not their sum.
-        self._min_at = [i for i, k in enumerate(self.stats_keys) if k in set(stats_min_keys)]
         self.stats_view = stats_view
-        self._worker_stats: Dict[str, List[int]] = {}
-        self._earlier_rounds: List[int] = [0] * len(self.stats_keys)  # counters of finished rounds
+        self._tally = Tally(self.stats_keys, stats_min_keys)  # what the training loop saw (tally.py)
         self._steps = 0  # batches handed to the training loop in this round
         self._generation = 0  # bumped by iter() and load_state_dict(): older iterators refuse to continue
         self._phase = self.DATA
@@ -182,9 +177,9 @@ class TokenLoomLoader(AcceleratePrepared, IteratorHook, StatefulDataLoader):
     def see(self, batch: Any, count: bool = True) -> Any:
         if isinstance(batch, dict) and STATS_KEY in batch:
             worker, *counters = batch.pop(STATS_KEY)
-            self._worker_stats[str(worker)] = counters
+            self._tally.see(worker, counters)
         if count:
-            batch = self._place(batch)
+            batch = self.place_on_device(batch)
         if count:
             self._steps += 1
         return batch
@@ -212,14 +207,7 @@ class TokenLoomLoader(AcceleratePrepared, IteratorHook, StatefulDataLoader):
         """A padding batch for the loop, counted."""
         self._padding_batches += 1
         self._round_padding += 1
-        return self._place(self.padding_batch())
-
-    def _place(self, batch: Any) -> Any:
-        """The batch on `batch_device` (Accelerate's), else as it is."""
-        if self.batch_device is None or not isinstance(batch, dict):
-            return batch
-        return {k: v.to(self.batch_device, non_blocking=self.pin_memory) if isinstance(v, torch.Tensor) else v
-                for k, v in batch.items()}
+        return self.place_on_device(self.padding_batch())
 
     def stats(self) -> Dict[str, Any]:
         """Cumulative counters over the batches this loader has handed to the training
@@ -228,8 +216,7 @@ class TokenLoomLoader(AcceleratePrepared, IteratorHook, StatefulDataLoader):
         and share, passes and the round's progress); `tokenloom.pipes.stats.format_stats`
         prints them as a table. A view with ``takes_round = True`` also gets this round's
         counters (``current=``, for progress) and ``ended=`` (this rank's data ran out)."""
-        now = self._combine(self._worker_stats.values())
-        totals = {k: a + b for k, a, b in zip(self.stats_keys, self._earlier_rounds, now)}
+        now, totals = self._tally.current(), self._tally.totals()
         view = self.stats_view
         if view is None:
             out: Dict[str, Any] = totals
@@ -241,19 +228,8 @@ class TokenLoomLoader(AcceleratePrepared, IteratorHook, StatefulDataLoader):
             out["rank_padding_batches"] = self._padding_batches
         return out
 
-    def _combine(self, vectors) -> List[int]:
-        """The workers' counter vectors as one: summed, except the ``stats_min_keys`` (least)."""
-        vectors = list(vectors)
-        out = [sum(col) for col in zip(*vectors)] if vectors else [0] * len(self.stats_keys)
-        for i in self._min_at:
-            out[i] = min(v[i] for v in vectors) if vectors else 0
-        return out
-
     def _next_round(self) -> None:
-        # Worker graphs restart their counters with every round: keep the finished rounds' totals.
-        now = self._combine(self._worker_stats.values())
-        self._earlier_rounds = [a + b for a, b in zip(self._earlier_rounds, now)]
-        self._worker_stats = {}
+        self._tally.next_round()  # worker graphs restart their counters with every round
         self._steps = self._round_padding = 0
         self._phase, self._padding_inner = self.DATA, None
         if self.dataset.elastic is not None and int(self.dataset.elastic["round"]) < self.dataset.round:
@@ -261,7 +237,7 @@ class TokenLoomLoader(AcceleratePrepared, IteratorHook, StatefulDataLoader):
 
     def worker_stats(self) -> Dict[str, List[int]]:
         """Per worker, the latest cumulative statistics vector seen by the training loop."""
-        return copy.deepcopy(self._worker_stats)
+        return copy.deepcopy(self._tally.per_worker)
 
     # --- state -------------------------------------------------------------------
     def state_dict(self) -> Dict[str, str]:
@@ -285,11 +261,11 @@ class TokenLoomLoader(AcceleratePrepared, IteratorHook, StatefulDataLoader):
                 self.VERSION: STATE_VERSION,
                 self.CONFIG: dict(self.config),
                 self.ROUND: int(self.dataset.round),
-                self.STATS: copy.deepcopy(self._worker_stats),
+                self.STATS: copy.deepcopy(self._tally.per_worker),
                 self.PADDING_BATCHES: self._padding_batches,
                 self.ROUND_PADDING: self._round_padding,
                 self.STEPS: self._steps,
-                self.EARLIER: list(self._earlier_rounds),
+                self.EARLIER: list(self._tally.earlier),
                 self.PHASE: self._phase,
                 self.LINEAGE: self._lineage,
             },
@@ -319,11 +295,7 @@ class TokenLoomLoader(AcceleratePrepared, IteratorHook, StatefulDataLoader):
         ignore = (("weights",) if allow_weight_change else ()) + (() if topology else TOPOLOGY)
         check_config(meta[self.CONFIG], self.config, ignore=ignore, hints=self.config_hints,
                      follows=self.config_follows, absent=self.config_absent)
-        n = len(self.stats_keys)
-        bad = {w: len(v) for w, v in meta[self.STATS].items() if len(v) != n}
-        if bad or len(meta[self.EARLIER]) != n:
-            raise ValueError(f"loader state carries statistics of another layout (counters per worker {bad}, "
-                             f"this loader counts {n}: {list(self.stats_keys)}); was it saved by another recipe?")
+        self._tally.check(meta[self.STATS], meta[self.EARLIER])
 
     def load_state_dict(self, state_dict: Any, *, allow_weight_change: bool = False) -> None:
         """Continue from ``state_dict``, what ``state_dict()`` returned (or its `decode_state`):
@@ -338,11 +310,10 @@ class TokenLoomLoader(AcceleratePrepared, IteratorHook, StatefulDataLoader):
         self._fetch_ahead = None
         self._check_meta(meta, allow_weight_change)
         inner = state_dict[self.LOADER]
-        self._worker_stats = copy.deepcopy(meta[self.STATS])
+        self._tally.restore(meta[self.STATS], meta[self.EARLIER])
         self._padding_batches = int(meta[self.PADDING_BATCHES])
         self._round_padding = int(meta[self.ROUND_PADDING])
         self._steps = int(meta[self.STEPS])
-        self._earlier_rounds = [int(x) for x in meta[self.EARLIER]]
         phase = meta[self.PHASE]
         if phase not in (self.DATA, self.PADDING, self.OVER):
             raise ValueError(f"loader state has {phase=}; expected one of {[self.DATA, self.PADDING, self.OVER]}")
@@ -396,13 +367,8 @@ class TokenLoomLoader(AcceleratePrepared, IteratorHook, StatefulDataLoader):
                                      for d in sorted(decoded, key=lambda d: int(d[self.META][self.CONFIG]["rank"]))],
                                    world, self.num_workers, self.config.get("weights"))
         workers = max(self.num_workers, 1)
-        summed = [sum(int(m[self.EARLIER][i]) for m in metas) for i in range(len(self.stats_keys))]
-        now = [0] * len(self.stats_keys)
-        for m in metas:
-            now = [a + b for a, b in zip(now, self._combine(m[self.STATS].values()))]
-        totals = [a + b for a, b in zip(summed, now)] if phases == {self.OVER} else summed
-        self._earlier_rounds = [t * (rank + 1) // world - t * rank // world for t in totals]
-        self._worker_stats, self._steps, self._padding_batches = {}, 0 if phases == {self.OVER} else steps, 0
+        self._tally.share_of([(m[self.STATS], m[self.EARLIER]) for m in metas], rank, world, phases == {self.OVER})
+        self._steps, self._padding_batches = 0 if phases == {self.OVER} else steps, 0
         self._round_padding = 0
         self._resume_padding, self._padding_inner, self._phase = False, None, self.DATA
         if phases == {self.OVER}:
@@ -422,6 +388,6 @@ class TokenLoomLoader(AcceleratePrepared, IteratorHook, StatefulDataLoader):
                 root.reset(None)
                 apply_carry(root, plans[rank * workers + w][CARRY])
                 if self.stats_keys:  # a graph that reports statistics (WithStats at its root, as the recipes')
-                    self._worker_stats[str(w)] = [int(x) for x in root.counters()]
+                    self._tally.see(w, [int(x) for x in root.counters()])
             self.dataset.fetch_first({})
         super().load_state_dict({})
