@@ -175,6 +175,8 @@ def draw(seed: int) -> Scenario:
         sc.composed = rng.randint(1, 8)
         for hop in sc.hops:
             hop.weights = None
+    if sc.packing == "bestfit" and not sc.composed and rng.random() < 0.2:  # drawn last, as above
+        sc.loader["min_fill"] = rng.randint(1, sc.seq_len)  # the least gap cut from a long document
     return sc
 
 
