@@ -63,22 +63,45 @@ def _graph() -> Dict[str, Set[str]]:
     return {name: _imports(name, path, modules) for name, path in modules.items()}
 
 
-#: The rooms that never import the loader or the package root.
-STAGES = ("tokenloom.pipes.",)
-ALLOWED = ("tokenloom.pipes.loader", "tokenloom.pipes")  # the loader itself, and the pipes package's index
+#: What each part of the library may import: the stages every graph shares only other stages; the
+#: loader the stages too (never a recipe, the CLI or an integration); the recipes the library's pipes
+#: (never the CLI, the package root or an integration). The first matching prefix decides.
+RULES = (
+    ("tokenloom.pipes.loader", ("tokenloom.pipes.",)),
+    ("tokenloom.pipes.", ("tokenloom.pipes.",)),
+    ("tokenloom.recipes", ("tokenloom.pipes.", "tokenloom.recipes.")),
+)
 
 
-def test_the_stages_never_import_the_loader_or_the_package_root():
+def _wrong_imports(graph: Dict[str, Set[str]]) -> List[str]:
     wrong = []
-    for name, targets in _graph().items():
-        if not name.startswith(STAGES) or name.startswith(ALLOWED[0]):
+    for name, targets in graph.items():
+        rule = next((allowed for prefix, allowed in RULES if name.startswith(prefix)), None)
+        if rule is None:
             continue
+        stage = not name.startswith("tokenloom.pipes.loader") and name.startswith("tokenloom.pipes.")
         for target in sorted(targets):
-            into_loader = target.startswith("tokenloom.pipes.loader")
-            outside = not target.startswith(("tokenloom.pipes.", "tokenloom.recipes")) and target != "tokenloom.pipes"
-            if into_loader or outside or target == "tokenloom.pipes":
+            if not target.startswith(rule) or (stage and target.startswith("tokenloom.pipes.loader")):
                 wrong.append(f"{name} imports {target}")
+    return wrong
+
+
+def test_imports_run_one_way():
+    wrong = _wrong_imports(_graph())
     assert not wrong, "\n".join(wrong)
+
+
+def test_the_rules_refuse_imports_the_wrong_way():
+    graph = {"tokenloom.pipes.mix": {"tokenloom.pipes.loader.bridge", "tokenloom.pipes.items"},
+             "tokenloom.pipes.loader.bridge": {"tokenloom.recipes.settings", "tokenloom.pipes.compat.torchdata"},
+             "tokenloom.recipes.packed": {"tokenloom.cli_config", "tokenloom.pipes.mix"},
+             "tokenloom.pipes.sources.files": {"tokenloom", "tokenloom.integrations.accelerate"}}
+    assert sorted(_wrong_imports(graph)) == [
+        "tokenloom.pipes.loader.bridge imports tokenloom.recipes.settings",
+        "tokenloom.pipes.mix imports tokenloom.pipes.loader.bridge",
+        "tokenloom.pipes.sources.files imports tokenloom",
+        "tokenloom.pipes.sources.files imports tokenloom.integrations.accelerate",
+        "tokenloom.recipes.packed imports tokenloom.cli_config"]
 
 
 def test_no_import_cycle():
