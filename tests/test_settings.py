@@ -278,9 +278,10 @@ def test_the_recorded_configuration_is_what_states_saved_before_the_settings_tre
         assert got == json.load(f)
 
 
+@pytest.mark.parametrize("doc", ["settings.md", "recipes.md"])
 @pytest.mark.parametrize("recipe", RECIPES)
-def test_docs_settings_md_lists_every_setting(recipe):
-    with open(os.path.join(os.path.dirname(__file__), "..", "docs", "settings.md")) as f:
+def test_the_docs_list_every_setting(recipe, doc):
+    with open(os.path.join(os.path.dirname(__file__), "..", "docs", doc)) as f:
         text = f.read()
     missing = [k for k, _, _ in settings_of(recipe) if f"`{k}`" not in text]
-    assert not missing, f"docs/settings.md does not list {missing}"
+    assert not missing, f"docs/{doc} does not list {missing}"
