@@ -14,7 +14,7 @@ from tokenloom.pipes.loader.rank_sync import RankSync
 from tokenloom.pipes.schedule import Weights
 from tokenloom.pipes.sources.files import SourceSpec
 
-from .packed import PACKINGS, dist_rank_world, packed_loader, stat_keys  # noqa: F401  (re-exported)
+from .packed import packed_loader
 from .settings import PackedSpec
 
 

@@ -19,7 +19,7 @@ from tokenloom.cli import main
 from tokenloom.pipes import plan_epoch
 from tokenloom.pipes.loader.rank_sync import ThreadSync
 from tokenloom.recipes import pretrain
-from tokenloom.recipes.packed import PackedStatsView
+from tokenloom.recipes.packed_stats import PackedStatsView
 
 from .conftest import WORDS, write_corpus
 

@@ -35,7 +35,8 @@ from tokenloom.pipes.shard import ShardUnits
 from tokenloom.pipes.stats import format_stats
 from tokenloom.pipes.sources.text_files import ReadText
 from tokenloom.pipes.tokenize import Tokenize
-from tokenloom.recipes.packed import PackedStatsView, stat_keys
+from tokenloom.recipes.packed_graph import stat_keys
+from tokenloom.recipes.packed_stats import PackedStatsView
 
 from .state_file import load_state
 
