@@ -133,7 +133,7 @@ def _plan_sources(named: Mapping[str, Any], tokenizer: Any, *, columns: Mapping[
                   manifests: Mapping[str, str], require_type: type) -> Tuple[List[SourcePlan], Encoder]:
     """Every source's plan, in order, and the encoder. With a remote source the sources are listed at
     once (a thread each) while this thread loads the tokenizer: each source's listing and footers are
-    round trips to the store (2 x 3 of 100 ms one after the other for two sources on S3, see
+    round trips to the store (one after the other, several per source without this; see
     docs/performance.md). Errors come as one after the other would raise them: the first failing source
     in order, then the tokenizer. Local sources are listed in turn, from the page cache."""
 

@@ -42,6 +42,17 @@ def test_module_docstring_quotes_no_measurement(path):
                        "docs/performance.md or benchmarks/RESULTS.md and name the benchmark instead")
 
 
+def test_no_class_or_function_docstring_quotes_a_measurement():
+    found = []
+    for path in library_modules():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                figures = MEASURED.findall(ast.get_docstring(node) or "")
+                if figures:
+                    found.append(f"{path.relative_to(ROOT)}: {node.name}: {figures}")
+    assert not found, "docstrings quoting measured figures (move them to docs/performance.md):\n" + "\n".join(found)
+
+
 def test_the_pattern_catches_figures():
     for text in ("reached its first batch in 1.16 s", "the replay took 7-26 minutes", "0.93x tiktoken",
                  "pads 0.46% of rows", "21.3 M tokens/s", "4.5 MB a worker", "~1 µs a call"):

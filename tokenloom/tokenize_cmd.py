@@ -30,7 +30,7 @@ def _positive(text: str) -> int:
 
 
 class _Line(Progress):
-    """`Progress`'s line (redrawn in place on a terminal, every 10% otherwise) with the
+    """`Progress`'s line (redrawn in place on a terminal, every tenth of the way otherwise) with the
     build's counts: units, files, tokens/s and the time left."""
 
     def __init__(self, enabled: bool):
