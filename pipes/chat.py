@@ -37,7 +37,7 @@ import numpy as np
 
 from .base import Node
 from .graph import Branch
-from .items import BatchInFlight, Doc, TokenDoc
+from .items import BatchInFlight, Doc, TokenDoc, take
 from .chat_template import ChatError, JinjaTemplate, encode_markup
 from .roles import BRANCH
 from .tokenizer import Encoder, _chat_template_text, _load_directory, _token_text  # a directory's reading rules
@@ -227,18 +227,16 @@ class RenderChat(BatchInFlight, Branch, Node[TokenDoc]):
         batch_docs: conversations rendered per batched tokenizer call.
         where: a `Doc` -> where it is, for messages (default: source, unit and row).
 
-    State keys: ``PARENT`` (the reader's state at the current batch's start), ``EMITTED``
-    (conversations of that batch handed on; a restore re-renders the batch and skips them) and
-    ``COUNTS`` (the ``COUNT_KEYS`` counts: empty, untrained, truncated and dropped conversations,
-    and the tokens discarded). A branch (role ``BRANCH``, pipes/graph.py): it carries ``COUNTS``
-    over an elastic resume.
+    State keys: ``PARENT`` (``"parent"``: the reader's state at the current batch's start) and
+    ``EMITTED`` (``"emitted"``: conversations of that batch handed on; a restore re-renders the batch
+    and skips them), both `BatchInFlight`'s, and ``COUNTS`` (the ``COUNT_KEYS`` counts: empty,
+    untrained, truncated and dropped conversations, and the tokens discarded). A branch (role
+    ``BRANCH``, pipes/graph.py): it carries ``COUNTS`` over an elastic resume.
     """
 
     ROLE = BRANCH
-    PARENT = "parent"
-    EMITTED = "emitted"
     COUNTS = "counts"
-    STATE_KEYS = (PARENT, EMITTED, COUNTS)
+    STATE_KEYS = (BatchInFlight.PARENT, BatchInFlight.EMITTED, COUNTS)
     #: Counted, never silent: conversations skipped or shortened, and tokens thrown away.
     COUNT_KEYS = ("empty", "untrained", "truncated", "dropped", "discarded_tokens")
 
@@ -255,21 +253,14 @@ class RenderChat(BatchInFlight, Branch, Node[TokenDoc]):
         templated = isinstance(template, (ChatTemplate, JinjaTemplate))
         self._custom = None if templated else template
         self._tpl = template.resolve(encoder) if templated else None
-        self._batch_state: Optional[Dict[str, Any]] = None
         self._counts = dict.fromkeys(self.COUNT_KEYS, 0)
         self._warned = False
 
     def reset(self, initial_state: Optional[Dict[str, Any]] = None) -> None:
-        self._out, self._emitted = [], 0
-        self._untouched = initial_state is not None
+        self._restore_batch(initial_state)
         if initial_state is None:
-            self.parent.reset(None)
-            self._batch_state, self._skip = None, 0
             self._counts = dict.fromkeys(self.COUNT_KEYS, 0)
         else:
-            self._batch_state = initial_state[self.PARENT]
-            self.parent.reset(self._batch_state)
-            self._skip = int(initial_state[self.EMITTED])
             self._counts = {k: int(initial_state[self.COUNTS][k]) for k in self.COUNT_KEYS}
 
     # --- rendering -------------------------------------------------------------------
@@ -284,14 +275,7 @@ class RenderChat(BatchInFlight, Branch, Node[TokenDoc]):
     def _fill(self) -> None:
         self._untouched = False
         self._batch_state = self.parent.state_dict()
-        docs: List[Doc] = []
-        for _ in range(self.batch_docs):
-            try:
-                docs.append(next(self.parent))
-            except StopIteration:
-                break
-        if not docs:
-            raise StopIteration
+        docs: List[Doc] = take(self.parent, self.batch_docs)
         if self._custom is None:
             rendered = self._render_default(docs)
         else:

@@ -6,7 +6,7 @@ and tokens are numpy arrays, never lists of Python ints.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Optional, Sequence
+from typing import Any, Dict, NamedTuple, Optional, Sequence
 
 import numpy as np
 
@@ -81,18 +81,40 @@ class Row(NamedTuple):
     starts: Optional[np.ndarray] = None
 
 
+def take(node: Any, n: int) -> list:
+    """Up to ``n`` items of ``node`` (fewer where it ends), for a node that works a batch at a time;
+    `StopIteration` when it has none left."""
+    items = []
+    for _ in range(n):
+        try:
+            items.append(next(node))
+        except StopIteration:
+            break
+    if not items:
+        raise StopIteration
+    return items
+
+
 class BatchInFlight:
     """A node that hands on a batch document by document (`Tokenize`, `RenderChat`): the batch and
     what it tells an elastic resume of the documents it read but has not handed on.
 
     It owns the batch's bookkeeping, which the node's ``_fill`` (re-)reads a batch into: ``_out``
-    the batch, ``_emitted`` the documents of it handed on, ``_skip`` those a restore must hand on
-    again before new ones (``_fill`` re-reads them), ``_untouched`` (restored and not read since),
-    and the ``_origins``/``_origins_of`` cache of `in_flight_origins`."""
+    the batch, ``_batch_state`` the parent's state at its start, ``_emitted`` the documents of it
+    handed on, ``_skip`` those a restore must hand on again before new ones (``_fill`` re-reads
+    them), ``_untouched`` (restored and not read since), and the ``_origins``/``_origins_of`` cache
+    of `in_flight_origins`. Its state keys, which the node's ``STATE_KEYS`` start with: ``PARENT``
+    (``"parent"``: the parent's state at the current batch's start) and ``EMITTED`` (``"emitted"``:
+    documents of that batch handed on); `_restore_batch` restores them. The node keeps its parent
+    as ``self.parent``."""
+
+    PARENT = "parent"
+    EMITTED = "emitted"
 
     def __init__(self, *parents: Any) -> None:
         super().__init__(*parents)
         self._out: list = []
+        self._batch_state: Optional[Dict[str, Any]] = None
         self._emitted = 0
         self._skip = 0
         self._untouched = False  # restored from a state and not read since (savepoint.py)
@@ -101,6 +123,19 @@ class BatchInFlight:
 
     def _fill(self) -> None:  # pragma: no cover - abstract
         raise NotImplementedError(f"{type(self).__name__} must implement _fill(): read the next batch into _out")
+
+    def _restore_batch(self, initial_state: Optional[Dict[str, Any]]) -> None:
+        """Drop the batch and reset the parent: to the state ``initial_state`` saved at its batch's
+        start, with ``EMITTED`` of that batch to hand on again first, or to the start (None)."""
+        self._out, self._emitted = [], 0
+        self._untouched = initial_state is not None
+        if initial_state is None:
+            self.parent.reset(None)
+            self._batch_state, self._skip = None, 0
+        else:
+            self._batch_state = initial_state[self.PARENT]
+            self.parent.reset(self._batch_state)
+            self._skip = int(initial_state[self.EMITTED])
 
     def in_flight(self) -> list:
         """Documents read but not handed on; re-reads the batch a restore left pending, so the reader

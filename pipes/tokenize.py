@@ -66,17 +66,15 @@ class Tokenize(BatchInFlight, Branch, Node[TokenDoc]):
         bos, eos: token ids put before and after every document (None: none).
         batch_docs, batch_chars: a batch ends at this many documents or characters.
 
-    State keys: ``PARENT`` (the reader's state at the current batch's start), ``EMITTED`` (documents
-    of that batch handed on; a restore re-reads the batch and skips them) and ``ENCODED`` (documents
-    encoded from text so far). A branch (role ``BRANCH``, pipes/graph.py): it carries ``ENCODED``
-    over an elastic resume.
+    State keys: ``PARENT`` (``"parent"``: the reader's state at the current batch's start) and
+    ``EMITTED`` (``"emitted"``: documents of that batch handed on; a restore re-reads the batch and
+    skips them), both `BatchInFlight`'s, and ``ENCODED`` (documents encoded from text so far). A
+    branch (role ``BRANCH``, pipes/graph.py): it carries ``ENCODED`` over an elastic resume.
     """
 
     ROLE = BRANCH
-    PARENT = "parent"
-    EMITTED = "emitted"
     ENCODED = "encoded"
-    STATE_KEYS = (PARENT, EMITTED, ENCODED)
+    STATE_KEYS = (BatchInFlight.PARENT, BatchInFlight.EMITTED, ENCODED)
 
     def __init__(self, parent: Node[Doc], encoder: Encoder, *, bos: Optional[int], eos: Optional[int] = None,
                  batch_docs: int = 64, batch_chars: int = 32_768):
@@ -85,22 +83,12 @@ class Tokenize(BatchInFlight, Branch, Node[TokenDoc]):
             raise ValueError(f"{batch_docs=} and {batch_chars=} must be >= 1")
         self.parent, self.encoder, self.bos, self.eos, self.batch_docs = parent, encoder, bos, eos, batch_docs
         self.batch_chars = batch_chars
-        self._batch_state: Optional[Dict[str, Any]] = None
         self._encoded = 0  # documents encoded from text so far
         self._encoded_before = 0  # ... before the current batch
 
     def reset(self, initial_state: Optional[Dict[str, Any]] = None) -> None:
-        self._out, self._emitted = [], 0
-        self._untouched = initial_state is not None
-        if initial_state is None:
-            self.parent.reset(None)
-            self._batch_state, self._skip = None, 0
-            self._encoded = 0
-        else:
-            self._batch_state = initial_state[self.PARENT]
-            self.parent.reset(self._batch_state)
-            self._skip = int(initial_state[self.EMITTED])
-            self._encoded = int(initial_state[self.ENCODED])
+        self._restore_batch(initial_state)
+        self._encoded = 0 if initial_state is None else int(initial_state[self.ENCODED])
         self._encoded_before = self._encoded
 
     def _fill(self) -> None:

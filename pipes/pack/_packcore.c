@@ -97,16 +97,18 @@ static void *get_buf(Buffers *bs, PyObject *o, Py_ssize_t min_bytes, const char 
 }
 
 /* Bind the eight index buffers (seq, len, used, head, tail, next, prev, bits) for C tokens a row and at
- * least S slots (S = 0: whatever the buffers hold). 0 on success; on failure the error is set and the
- * buffers taken so far stay in bs for release_all. */
+ * least S slots (S = 0: whatever the buffers hold). 0 on success; on failure the error is set and every
+ * buffer in bs is released (a later release_all of bs releases nothing). */
 static int bind_index(Buffers *bs, PyObject **o, int C, Py_ssize_t S, Index *ix) {
     ix->C = C;
     ix->nwords = (C >> 6) + 1;
     if (!(ix->seq = get_buf(bs, o[0], S * 8, "seq")) || !(ix->len = get_buf(bs, o[1], S * 4, "len")) ||
         !(ix->used = get_buf(bs, o[2], S * 4, "used")) || !(ix->head = get_buf(bs, o[3], (C + 1) * 4, "head")) ||
         !(ix->tail = get_buf(bs, o[4], (C + 1) * 4, "tail")) || !(ix->next = get_buf(bs, o[5], S * 4, "next")) ||
-        !(ix->prev = get_buf(bs, o[6], S * 4, "prev")) || !(ix->bits = get_buf(bs, o[7], ix->nwords * 8, "bits")))
+        !(ix->prev = get_buf(bs, o[6], S * 4, "prev")) || !(ix->bits = get_buf(bs, o[7], ix->nwords * 8, "bits"))) {
+        release_all(bs);
         return -1;
+    }
     return 0;
 }
 
@@ -137,10 +139,7 @@ static PyObject *py_insert(PyObject *self, PyObject *args) {
         return NULL;
     Buffers bs = {.nb = 0};
     Index ix;
-    if (bind_index(&bs, o, C, 0, &ix) < 0) {
-        release_all(&bs);
-        return NULL;
-    }
+    if (bind_index(&bs, o, C, 0, &ix) < 0) return NULL;
     if (s < 0 || (Py_ssize_t)(s + 1) * 4 > bs.b[1].len || next_len(&ix, s) < 1) {
         release_all(&bs);
         PyErr_Format(PyExc_ValueError, "_packcore.insert: slot %d is out of range or empty", s);
@@ -166,10 +165,7 @@ static PyObject *py_insert_many(PyObject *self, PyObject *args) {
     }
     Buffers bs = {.nb = 0};
     Index ix;
-    if (bind_index(&bs, o, C, 0, &ix) < 0) {
-        release_all(&bs);
-        return NULL;
-    }
+    if (bind_index(&bs, o, C, 0, &ix) < 0) return NULL;
     Py_ssize_t S = bs.b[1].len / 4;
     for (Py_ssize_t i = 0; i < n; i++) {
         long s = PyLong_AsLong(PyList_GET_ITEM(slots, i));

@@ -76,26 +76,94 @@ def parked(ln, used, opened, s, C) -> bool:
     return bool(opened[s]) and int(ln[s]) - int(used[s]) <= C
 
 
+def _le(mask: int, x: int) -> int:
+    """The largest non-empty length <= ``x`` in the bitmap ``mask``, or -1 (``ix_le`` in _packcore.c)."""
+    return (mask & ((1 << (x + 1)) - 1)).bit_length() - 1
+
+
+def _gt(mask: int, x: int) -> int:
+    """The smallest non-empty length > ``x`` in the bitmap ``mask``, or -1 (``ix_gt`` in _packcore.c)."""
+    above = mask >> (x + 1)
+    return x + 1 + ((above & -above).bit_length() - 1) if above else -1
+
+
+def _oldest_with(ln, used, head, nxt, C, at_least) -> int:
+    """The oldest slot of length C (a row or more left) with at least ``at_least`` tokens left, or -1."""
+    c = int(head[C])
+    while c >= 0:
+        if int(ln[c]) - int(used[c]) >= at_least:
+            return c
+        c = int(nxt[c])
+    return -1
+
+
+def _row_opener(ln, used, head, nxt, C, mode, nforced):
+    """``(slot, C)`` for a row that starts with a full row of one document, else ``(-1, 0)``: crop
+    starts a row with a document of a row or more; bestfit, when nothing is overdue, drains a document
+    with two rows' worth or more left (see _packcore.c)."""
+    if mode == MODE_CROP and int(head[C]) >= 0:
+        return int(head[C]), C
+    if mode == MODE_BESTFIT and nforced == 0:
+        c = _oldest_with(ln, used, head, nxt, C, 2 * C)
+        if c >= 0:
+            return c, C
+    return -1, 0
+
+
+def _fits_overdue(seq, ln, used, opened, c, C, pos) -> bool:
+    """Whether overdue slot ``c`` is still buffered, not parked, and its next segment fits the row from ``pos``."""
+    return int(seq[c]) >= 0 and not parked(ln, used, opened, c, C) and _next_len(ln, used, c, C) <= C - pos
+
+
+def _fill_space(ln, used, head, nxt, bits, C, mode, min_fill, space, may_stop):
+    """``(slot, take, stuck)`` for ``space`` left in the row and no overdue slot to place: the largest
+    next segment that fits; else stuck when ``may_stop`` (the caller tops the buffer up and calls
+    again); else bestfit cuts the gap off the oldest document longer than a row (not under
+    ``min_fill``) and crop takes the smallest one that does not fit. Slot -1: the row ends here."""
+    mask = _nonempty(bits)
+    L = _le(mask, space)
+    if L >= 0:
+        return int(head[L]), L, 0
+    if may_stop:
+        return -1, 0, 1
+    if mode == MODE_BESTFIT:
+        return (_oldest_with(ln, used, head, nxt, C, C + 1) if space >= min_fill else -1), space, 0
+    L2 = _gt(mask, space)
+    return (int(head[L2]), space, 0) if L2 >= 0 else (-1, 0, 0)
+
+
+def _copy_segment(docs, masks, s, start, take, row, rowmask, pos) -> None:
+    """Copy ``take`` tokens (and mask values) of slot ``s`` from ``start`` into the row at ``pos``."""
+    row[pos:pos + take] = docs[s][start:start + take]
+    if rowmask is not None:
+        m = None if masks is None else masks[s]
+        rowmask[pos:pos + take] = 1 if m is None else m[start:start + take]
+
+
+def _rest_after(ln, used, s, start, mode):
+    """``(rest, discarded, cut)`` once a segment of slot ``s`` from ``start`` was placed: the tokens it
+    has left (none in crop, which discards them), and whether this cut its document."""
+    rest = int(ln[s]) - int(used[s])
+    if rest > 0 and mode == MODE_CROP:
+        used[s] = ln[s]
+        return 0, rest, 1
+    return rest, 0, int(rest > 0 and start == 0)
+
+
 def build_row(docs: List[np.ndarray], masks: Optional[list], seq, ln, used, head, tail, nxt, prv, bits, row, rowmask,
               seglen, segslot, segoff, freed, forced, opened, C, mode, nforced, min_fill, pos, nseg, nfreed, ended):
+    """Continue one row from (pos, nseg, nfreed), as ``py_build_row`` in _packcore.c does; returns
+    (segments, filled, freed, discarded, newly_cut, stuck)."""
     discarded = newly_cut = 0
     stuck, nfreed0 = 0, nfreed
-    s, f, take = -1, 0, 0
-    if pos == 0 and nseg == 0 and mode == MODE_CROP and int(head[C]) >= 0:
-        s, take = int(head[C]), C  # crop: a document of a row or more starts a row of its own
-    if pos == 0 and nseg == 0 and mode == MODE_BESTFIT and nforced == 0:
-        c = int(head[C])
-        while c >= 0:
-            if int(ln[c]) - int(used[c]) >= 2 * C:
-                s, take = c, C
-                break
-            c = int(nxt[c])
+    f = 0
+    s, take = _row_opener(ln, used, head, nxt, C, mode, nforced) if pos == 0 and nseg == 0 else (-1, 0)
     while True:
         if s < 0 and mode == MODE_BESTFIT and C - pos == 1:
             break  # the label slot stays padding (see _packcore.c)
         if s < 0 and f < nforced:
             c = int(forced[f])
-            if int(seq[c]) >= 0 and not parked(ln, used, opened, c, C) and _next_len(ln, used, c, C) <= C - pos:
+            if _fits_overdue(seq, ln, used, opened, c, C, pos):
                 s, take = c, _next_len(ln, used, c, C)
                 f += 1
             else:
@@ -105,50 +173,20 @@ def build_row(docs: List[np.ndarray], masks: Optional[list], seq, ln, used, head
             space = C - pos
             if space == 0:
                 break
-            mask = _nonempty(bits)
-            below = mask & ((1 << (space + 1)) - 1)
-            if below:
-                L = below.bit_length() - 1
-                s, take = int(head[L]), L
-            elif not ended and nfreed > nfreed0:
-                stuck = 1
+            s, take, stuck = _fill_space(ln, used, head, nxt, bits, C, mode, min_fill, space,
+                                         not ended and nfreed > nfreed0)
+            if s < 0:
                 break
-            elif mode == MODE_BESTFIT:
-                if space < min_fill:
-                    break
-                c = int(head[C])
-                while c >= 0:
-                    if int(ln[c]) - int(used[c]) > C:
-                        s = c
-                        break
-                    c = int(nxt[c])
-                if s < 0:
-                    break
-                take = space
-            else:
-                above = mask >> (space + 1)
-                if not above:
-                    break
-                L2 = space + 1 + ((above & -above).bit_length() - 1)
-                s, take = int(head[L2]), space
         start = int(used[s])
-        row[pos:pos + take] = docs[s][start:start + take]
-        if rowmask is not None:
-            m = None if masks is None else masks[s]
-            rowmask[pos:pos + take] = 1 if m is None else m[start:start + take]
+        _copy_segment(docs, masks, s, start, take, row, rowmask, pos)
         _remove(head, tail, nxt, prv, bits, s, _next_len(ln, used, s, C))
         seglen[nseg], segslot[nseg], segoff[nseg] = take, s, start
         nseg += 1
         pos += take
         used[s] = start + take
-        rest = int(ln[s]) - int(used[s])
-        if rest > 0 and mode == MODE_CROP:
-            discarded += rest
-            used[s] = ln[s]
-            newly_cut += 1
-            rest = 0
-        elif rest > 0 and start == 0:
-            newly_cut += 1
+        rest, lost, cut = _rest_after(ln, used, s, start, mode)
+        discarded += lost
+        newly_cut += cut
         if rest == 0:
             seq[s] = -1
             freed[nfreed] = s

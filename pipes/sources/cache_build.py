@@ -29,7 +29,7 @@ import json
 import multiprocessing
 import os
 import time
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import pyarrow as pa
@@ -244,29 +244,48 @@ def build_cache(sources: Union[SourceSpec, Mapping[str, SourceSpec]], tokenizer:
     encoder = load_encoder(tokenizer)
     dtype = dtype_for(encoder.vocab_size)
     fs, root, shown = open_root(out)
+    plans = _plans(named, text_column, text_mode, manifests)
+    srcs = [_Source(p, fs, root, shown, encoder, dtype, rank, world_size) for p in plans]
+    mine, todo, tasks = _share(plans, srcs, rank, world_size)
+    tally = _Tally(plans, mine, len(todo), len(tasks), start, progress)
+    tally.report()
+    n_proc = max(1, min(processes or len(os.sched_getaffinity(0)), len(tasks)))
+    _build(plans, srcs, encoder, dtype, todo, tasks, n_proc, tally)
+    _count_reused(plans, srcs, mine, todo, tally)
+    for src in srcs:  # with other ranks' files: is the whole cache there now?
+        src.scan()
+    complete = all(src.is_done(i, file_entry(src.plan, i, units)) for src in srcs
+                   for i, units in file_units(src.plan).items())
+    return {"path": shown, "rank": rank, "world_size": world_size, "dtype": dtype, "processes": n_proc,
+            "seconds": time.perf_counter() - start, "sources": tally.per_source, "complete": complete}
+
+
+def _plans(named: Mapping[str, SourceSpec], text_column: Union[str, Mapping[str, str]],
+           text_mode: Union[str, Mapping[str, str]], manifests: Mapping[str, str]) -> List[SourcePlan]:
+    """Each source listed as ``pretrain`` lists it, with its own text column, text mode and manifest."""
     columns = setting_per_source("text_column", text_column, list(named))
     modes = setting_per_source("text_mode", text_mode, list(named), what="a text mode")
-    plans = [plan_source(name, spec, column=columns[name], text_mode=modes[name], manifest=manifests.get(name))
-             for name, spec in named.items()]
-    srcs = [_Source(p, fs, root, shown, encoder, dtype, rank, world_size) for p in plans]
+    return [plan_source(name, spec, column=columns[name], text_mode=modes[name], manifest=manifests.get(name))
+            for name, spec in named.items()]
 
+
+_Job = Tuple[int, int, np.ndarray]  # (source, file, its units)
+
+
+def _share(plans: List[SourcePlan], srcs: List[_Source], rank: int, world_size: int
+           ) -> Tuple[List[_Job], List[_Job], List[Tuple[int, int]]]:
+    """This rank's files, those of them not already built, and the units of those, in order (see `assign`)."""
     every = [(si, i, units) for si, p in enumerate(plans) for i, units in sorted(file_units(p).items())]
     owner = assign([int(plans[si].units.rows[units].sum()) for si, i, units in every], world_size)
     mine = [job for job, r in zip(every, owner) if r == rank]
     todo = [(si, i, units) for si, i, units in mine if not srcs[si].is_done(i, file_entry(plans[si], i, units))]
     tasks = [(si, int(u)) for si, i, units in todo for u in units]
+    return mine, todo, tasks
 
-    counts = {"units_done": 0, "units_total": len(tasks), "files_done": 0, "files_total": len(todo),
-              "documents": 0, "tokens": 0, "seconds": 0.0}
-    per_source = {p.name: {"files": 0, "built": 0, "reused": 0, "documents": 0, "tokens": 0, "bytes": 0}
-                  for p in plans}
-    for si, i, units in mine:
-        per_source[plans[si].name]["files"] += 1
-    if progress is not None:
-        progress(dict(counts))
-    n_proc = max(1, min(processes or len(os.sched_getaffinity(0)), len(tasks)))
-    writers = iter(todo)
-    current: Optional[_FileWriter] = None
+
+def _build(plans: List[SourcePlan], srcs: List[_Source], encoder: Encoder, dtype: str, todo: List[_Job],
+           tasks: List[Tuple[int, int]], n_proc: int, tally: _Tally) -> None:
+    """Encode ``tasks`` in ``n_proc`` processes (or this one) and write the cache files of ``todo``."""
     pool = None
     try:
         if n_proc > 1:
@@ -276,46 +295,87 @@ def build_cache(sources: Union[SourceSpec, Mapping[str, SourceSpec]], tokenizer:
         else:
             _init(plans, encoder, dtype)
             results = map(_encode_unit, tasks)
+        _write(plans, srcs, todo, results, tally)
+    finally:
+        if pool is not None:
+            pool.terminate()
+            pool.join()
+
+
+def _write(plans: List[SourcePlan], srcs: List[_Source], todo: List[_Job], results: Iterator[tuple],
+           tally: _Tally) -> None:
+    """Write the encoded units in order, each file's into its cache file, counting after every unit; a
+    file left half-written by an error is deleted."""
+    writers = iter(todo)
+    current: Optional[_FileWriter] = None
+    try:
         for si, u, values, offsets, valid, chars in results:
             if current is None:
                 s, i, units = next(writers)
                 current = _FileWriter(srcs[s], i, units)
             last = current.add(values, offsets, valid, chars)
-            counts["units_done"] += 1
-            counts["documents"] += len(chars) if valid is None else int(valid.sum())
-            counts["tokens"] += len(values)
+            tally.unit(values, valid, chars)
             if last:
-                entry = current.finish()
-                stats = per_source[plans[si].name]
-                stats["built"] += 1
-                for k, e in (("documents", K_DOCUMENTS), ("tokens", K_TOKENS), ("bytes", K_CACHE_BYTES)):
-                    stats[k] += entry[e]
-                counts["files_done"] += 1
+                tally.built(plans[si].name, current.finish())
                 current = None
-            counts["seconds"] = time.perf_counter() - start
-            if progress is not None:
-                progress(dict(counts))
+            tally.tick()
     except BaseException:
         if current is not None:
             current.abandon()
         raise
-    finally:
-        if pool is not None:
-            pool.terminate()
-            pool.join()
+
+
+def _count_reused(plans: List[SourcePlan], srcs: List[_Source], mine: List[_Job], todo: List[_Job],
+                  tally: _Tally) -> None:
+    """Count this rank's files that an earlier build left whole (as their manifest entries record them)."""
     built = {(si, i) for si, i, _ in todo}
     for si, i, units in mine:
         if (si, i) in built:
             continue
-        stats = per_source[plans[si].name]
-        stats["reused"] += 1
         entry = next(e for e in srcs[si].done[plans[si].units.files[i].name]
                      if matches(e, file_entry(plans[si], i, units)))
+        tally.file(plans[si].name, "reused", entry)
+
+
+class _Tally:
+    """What a build counts: the counts ``progress`` gets (after every unit), and per source its files
+    on this rank, those built and reused, and their documents, tokens and bytes."""
+
+    def __init__(self, plans: List[SourcePlan], mine: List[_Job], files_total: int, units_total: int,
+                 start: float, progress: Optional[Progress]):
+        self.counts = {"units_done": 0, "units_total": units_total, "files_done": 0, "files_total": files_total,
+                       "documents": 0, "tokens": 0, "seconds": 0.0}
+        self.per_source = {p.name: {"files": 0, "built": 0, "reused": 0, "documents": 0, "tokens": 0, "bytes": 0}
+                           for p in plans}
+        for si, i, units in mine:
+            self.per_source[plans[si].name]["files"] += 1
+        self.start, self.progress = start, progress
+
+    def report(self) -> None:
+        """Hand the counts so far to ``progress``."""
+        if self.progress is not None:
+            self.progress(dict(self.counts))
+
+    def unit(self, values: np.ndarray, valid: Optional[np.ndarray], chars: np.ndarray) -> None:
+        """Count a unit written: its documents and tokens."""
+        self.counts["units_done"] += 1
+        self.counts["documents"] += len(chars) if valid is None else int(valid.sum())
+        self.counts["tokens"] += len(values)
+
+    def built(self, name: str, entry: Dict[str, Any]) -> None:
+        """Count a cache file of source ``name`` built whole, its manifest entry ``entry``."""
+        self.file(name, "built", entry)
+        self.counts["files_done"] += 1
+
+    def file(self, name: str, how: str, entry: Dict[str, Any]) -> None:
+        """Count a cache file of source ``name`` as ``how`` ("built" or "reused"), with the documents,
+        tokens and bytes its manifest entry ``entry`` records."""
+        stats = self.per_source[name]
+        stats[how] += 1
         for k, e in (("documents", K_DOCUMENTS), ("tokens", K_TOKENS), ("bytes", K_CACHE_BYTES)):
             stats[k] += int(entry.get(e, 0))
-    for src in srcs:  # with other ranks' files: is the whole cache there now?
-        src.scan()
-    complete = all(src.is_done(i, file_entry(src.plan, i, units)) for src in srcs
-                   for i, units in file_units(src.plan).items())
-    return {"path": shown, "rank": rank, "world_size": world_size, "dtype": dtype, "processes": n_proc,
-            "seconds": time.perf_counter() - start, "sources": per_source, "complete": complete}
+
+    def tick(self) -> None:
+        """Time the build so far and report the counts."""
+        self.counts["seconds"] = time.perf_counter() - self.start
+        self.report()

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from ..base import Node
-from ..items import DROP_KEY
+from ..items import DROP_KEY, take
 from ..shard import ShardUnits, WorkSlice
 from .text_files import UnitCursor
 
@@ -174,14 +174,7 @@ class BatchExamples(Node[Any]):
             self._dropped = int(initial_state[self.DROPPED])
 
     def next(self) -> Any:
-        items: List[Example] = []
-        for _ in range(self.batch_size):
-            try:
-                items.append(next(self.parent))
-            except StopIteration:
-                break
-        if not items:
-            raise StopIteration
+        items: List[Example] = take(self.parent, self.batch_size)
         if self.drop_last and len(items) < self.batch_size:
             self._dropped += len(items)
             # Sent on as a marker so the count reaches the loader; the loader drops it.

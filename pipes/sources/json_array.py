@@ -105,24 +105,11 @@ def scan_array(f: SourceFile, opener: Callable[[SourceFile], Any], *, rows_per_u
                ) -> Tuple[List[Tuple[int, int, int, int]], Optional[bytes], int]:
     """One pass over a JSON-array file: its units ``(start, end, first_line, rows)``, the bytes of its
     first element (None if the array is empty), and the offset of its closing ``]``."""
-    name = f.uri or f.path
-    units = _UnitBuilder(rows_per_unit, max_unit_bytes)
-    off, line = 0, 1  # of the block's start
-    in_string, depth = False, 0
-    opened = closed = -1
-    first_start = first_line = -1
-    first_row: Optional[bytes] = None
-    rows_seen = False  # a separator was met: the first element exists
-    first_content = False  # a non-whitespace byte between '[' and the first separator or ']'
+    scan = _ArrayScan(f.uri or f.path, rows_per_unit, max_unit_bytes)
     pending = b""
-
-    def fail(pos: int, line_no: int, what: str) -> None:
-        raise ArrayError(f"{name}: {what} at byte {pos} (line {line_no}); a JSON-array source holds one "
-                         "array of objects, [{...}, {...}]: fix the file, or convert it to JSON lines")
-
     with opener(f) as h:
         for dropped, chunk in read_blocks(h, CHUNK_BYTES):
-            off += dropped
+            scan.off += dropped
             final = not chunk
             buf = pending + chunk if pending else chunk
             n = len(buf)
@@ -130,69 +117,122 @@ def scan_array(f: SourceFile, opener: Callable[[SourceFile], Any], *, rows_per_u
                 while n and buf[n - 1] == BACKSLASH:  # a backslash run is never cut: it moves on whole
                     n -= 1
             pending = buf[n:]
-            if not n:
-                if final:
-                    break
-                continue
-            a = np.frombuffer(buf, np.uint8, n)
-            nl = np.flatnonzero(a == NEWLINE)
-            lo = 0
-            if closed >= 0:
-                rest = np.flatnonzero(~_WS[a])
-                if len(rest):
-                    p = int(rest[0])
-                    fail(off + p, line + int(np.searchsorted(nl, p)),
-                         f"more follows the array that closed at byte {closed} ({buf[p:p + 20]!r})")
-            elif opened < 0:
-                lo = int(np.flatnonzero(~_WS[a])[0]) if (~_WS[a]).any() else len(a)
-                if lo == len(a):
-                    off, line = off + n, line + len(nl)
-                    continue
-                if a[lo] != OPENERS[0]:
-                    fail(off + lo, line + int(np.searchsorted(nl, lo)), f"{buf[lo:lo + 20]!r} is not a JSON array")
-                opened, depth, lo = off + lo, 1, lo + 1
-                first_start, first_line = off + lo, line + int(np.searchsorted(nl, lo))
-            if closed < 0:
-                s, step, ends_in_string = structure(a[lo:], in_string)
-                s = s + lo
-                after = depth + np.cumsum(step)
-                shut = np.flatnonzero(after == 0)
-                if len(shut):
-                    c = int(shut[0])
-                    p = int(s[c])
-                    if a[p] != ord("]"):
-                        fail(off + p, line + int(np.searchsorted(nl, p)),
-                             f"{chr(a[p])!r} closes the array opened at byte {opened}")
-                    tail = np.flatnonzero(~_WS[a[p + 1:]])
-                    if len(tail):
-                        q = p + 1 + int(tail[0])
-                        fail(off + q, line + int(np.searchsorted(nl, q)),
-                             f"more follows the array that closed at byte {off + p} ({buf[q:q + 20]!r})")
-                    closed, s, step, after, hi = off + p, s[:c], step[:c], after[:c], p
-                else:
-                    in_string, depth, hi = ends_in_string, int(after[-1]) if len(after) else depth, len(a)
-                seps = s[(step == 0) & (after == 1)]
-                if not rows_seen:
-                    stop = int(seps[0]) if len(seps) else hi
-                    first_content = first_content or bool((~_WS[a[lo:stop]]).any())
-                    if len(seps) or (closed >= 0 and first_content):
-                        rows_seen = True
-                        units.add(np.array([first_start]), np.array([first_line]))
-                if len(seps):
-                    units.add(off + seps + 1, line + np.searchsorted(nl, seps + 1))
-                if first_row is None and rows_seen:
-                    end = int(seps[0]) if len(seps) else hi
-                    if first_start >= off:  # the first element starts in this block
-                        first_row = buf[first_start - off:end][:1 << 20]
-            off, line = off + n, line + len(nl)
+            if n:
+                scan.block(buf, n)
             if final:
                 break
-    if opened < 0:
-        return [], None, off  # nothing but whitespace
-    if closed < 0:
-        inside = "inside a string" if in_string else f"with {depth} bracket(s) or brace(s) open"
-        fail(off, line, f"the file ends {inside}: the array opened at byte {opened} is cut off")
-    found = units.finish(closed)
-    # a unit ends at the comma before the next unit's first element
-    fixed = [(s0, nxt[0] - 1, ln, rows) for (s0, _, ln, rows), nxt in zip(found, found[1:])]
-    return fixed + found[-1:], first_row, closed
+    return scan.finish()
+
+
+class _ArrayScan:
+    """The state `scan_array` carries from block to block: where the block starts (byte and line),
+    inside-a-string and the depth, where the array opened and closed, and its first element."""
+
+    def __init__(self, name: str, rows_per_unit: int, max_unit_bytes: int):
+        self.name = name
+        self.units = _UnitBuilder(rows_per_unit, max_unit_bytes)
+        self.off, self.line = 0, 1  # of the block's start
+        self.in_string, self.depth = False, 0
+        self.opened = self.closed = -1
+        self.first_start = self.first_line = -1
+        self.first_row: Optional[bytes] = None
+        self.rows_seen = False  # a separator was met: the first element exists
+        self.first_content = False  # a non-whitespace byte between '[' and the first separator or ']'
+
+    def fail(self, pos: int, line_no: int, what: str) -> None:
+        """Refuse the file: ``what`` is wrong at byte ``pos`` (line ``line_no``)."""
+        raise ArrayError(f"{self.name}: {what} at byte {pos} (line {line_no}); a JSON-array source holds one "
+                         "array of objects, [{...}, {...}]: fix the file, or convert it to JSON lines")
+
+    def line_at(self, nl: np.ndarray, p: int) -> int:
+        """The line of byte ``p`` of the block whose newlines are at ``nl``."""
+        return self.line + int(np.searchsorted(nl, p))
+
+    def block(self, buf: bytes, n: int) -> None:
+        """Scan the first ``n`` bytes of ``buf`` (a block that cuts no backslash run), then move past them."""
+        a = np.frombuffer(buf, np.uint8, n)
+        nl = np.flatnonzero(a == NEWLINE)
+        lo = 0
+        if self.closed >= 0:
+            self.nothing_after(a, buf, nl)
+        elif self.opened < 0:
+            lo = self.open_array(a, buf, nl)
+        if self.closed < 0 and self.opened >= 0:  # not before the array, nor after it
+            self.elements(a, buf, nl, lo)
+        self.off, self.line = self.off + n, self.line + len(nl)
+
+    def nothing_after(self, a: np.ndarray, buf: bytes, nl: np.ndarray) -> None:
+        """Refuse a block after the closed array that holds more than whitespace."""
+        rest = np.flatnonzero(~_WS[a])
+        if len(rest):
+            p = int(rest[0])
+            self.fail(self.off + p, self.line_at(nl, p),
+                      f"more follows the array that closed at byte {self.closed} ({buf[p:p + 20]!r})")
+
+    def open_array(self, a: np.ndarray, buf: bytes, nl: np.ndarray) -> int:
+        """Find the ``[`` that opens the array (refusing anything else) and return where its first element
+        may start; the array stays unopened when the block is whitespace only."""
+        lo = int(np.flatnonzero(~_WS[a])[0]) if (~_WS[a]).any() else len(a)
+        if lo == len(a):
+            return lo
+        if a[lo] != OPENERS[0]:
+            self.fail(self.off + lo, self.line_at(nl, lo), f"{buf[lo:lo + 20]!r} is not a JSON array")
+        self.opened, self.depth, lo = self.off + lo, 1, lo + 1
+        self.first_start, self.first_line = self.off + lo, self.line_at(nl, lo)
+        return lo
+
+    def elements(self, a: np.ndarray, buf: bytes, nl: np.ndarray, lo: int) -> None:
+        """Find the separators between the elements from byte ``lo`` of the block on (and the array's
+        closing ``]`` when it is in the block): a unit may start after each."""
+        s, step, ends_in_string = structure(a[lo:], self.in_string)
+        s = s + lo
+        after = self.depth + np.cumsum(step)
+        shut = np.flatnonzero(after == 0)
+        if len(shut):
+            c = int(shut[0])
+            p = int(s[c])
+            self.check_close(a, buf, nl, p)
+            self.closed, s, step, after, hi = self.off + p, s[:c], step[:c], after[:c], p
+        else:
+            self.in_string, self.depth, hi = ends_in_string, int(after[-1]) if len(after) else self.depth, len(a)
+        seps = s[(step == 0) & (after == 1)]
+        self.first_element(a, buf, lo, hi, seps)
+        if len(seps):
+            self.units.add(self.off + seps + 1, self.line + np.searchsorted(nl, seps + 1))
+
+    def check_close(self, a: np.ndarray, buf: bytes, nl: np.ndarray, p: int) -> None:
+        """Refuse an array closed at byte ``p`` of the block by other than ``]``, or followed by more than
+        whitespace in the block."""
+        if a[p] != ord("]"):
+            self.fail(self.off + p, self.line_at(nl, p), f"{chr(a[p])!r} closes the array opened at byte {self.opened}")
+        tail = np.flatnonzero(~_WS[a[p + 1:]])
+        if len(tail):
+            q = p + 1 + int(tail[0])
+            self.fail(self.off + q, self.line_at(nl, q),
+                      f"more follows the array that closed at byte {self.off + p} ({buf[q:q + 20]!r})")
+
+    def first_element(self, a: np.ndarray, buf: bytes, lo: int, hi: int, seps: np.ndarray) -> None:
+        """Start the first unit once the first element is known to exist (a separator follows it, or it
+        holds more than whitespace before the ``]``), and keep its bytes when it starts in this block."""
+        if not self.rows_seen:
+            stop = int(seps[0]) if len(seps) else hi
+            self.first_content = self.first_content or bool((~_WS[a[lo:stop]]).any())
+            if len(seps) or (self.closed >= 0 and self.first_content):
+                self.rows_seen = True
+                self.units.add(np.array([self.first_start]), np.array([self.first_line]))
+        if self.first_row is None and self.rows_seen:
+            end = int(seps[0]) if len(seps) else hi
+            if self.first_start >= self.off:  # the first element starts in this block
+                self.first_row = buf[self.first_start - self.off:end][:1 << 20]
+
+    def finish(self) -> Tuple[List[Tuple[int, int, int, int]], Optional[bytes], int]:
+        """`scan_array`'s result at the file's end, refusing an array that was cut off."""
+        if self.opened < 0:
+            return [], None, self.off  # nothing but whitespace
+        if self.closed < 0:
+            inside = "inside a string" if self.in_string else f"with {self.depth} bracket(s) or brace(s) open"
+            self.fail(self.off, self.line, f"the file ends {inside}: the array opened at byte {self.opened} is cut off")
+        found = self.units.finish(self.closed)
+        # a unit ends at the comma before the next unit's first element
+        fixed = [(s0, nxt[0] - 1, ln, rows) for (s0, _, ln, rows), nxt in zip(found, found[1:])]
+        return fixed + found[-1:], self.first_row, self.closed

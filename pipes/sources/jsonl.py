@@ -49,6 +49,7 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -176,84 +177,106 @@ def list_jsonl_units(files: Sequence[SourceFile], *, field: Optional[str] = "tex
         raise ValueError(f"{rows_per_unit=} must be >= 1")
     if max_unit_bytes < 1:
         raise ValueError(f"{max_unit_bytes=} must be >= 1")
-
-    def inspect(f: SourceFile, first: bytes, record: str) -> None:
-        if record == "line":
-            why = _neither(first)
-            if why is not None:
-                raise ValueError(f"{f.uri or f.path} is neither JSON lines nor a JSON array: {why}; a JSON source "
-                                 "holds one object per line, or one array of objects, [{...}, {...}]")
-        if field is None:
-            return
-        _, problem = jsonl_field(first, field, require_type, record=record)
-        if problem is not None and problem[0] == "missing":
-            chats = [k for k, v in _DECODER.decode(first.decode("utf-8")).items() if _is_conversation(v) and v] \
-                if _wants_text(require_type) else []
-            chats.sort(key=lambda k: k != "messages")  # sft's default first
-            sft = (f"; or, as its field {chats[0]!r} holds a list of messages (a conversation), train on it with "
-                   f"{sft_advice(chats[0])}") if chats else ""
-            raise ValueError(f"{f.uri or f.path}, first record: {problem[1]}. Pass field= (text_column= in "
-                             "recipes) naming one of them; if only some records lack it, pass field=None here "
-                             "to list without this check and on_error='skip' to the reader" + sft)
-        if problem is not None and problem[0] == "conversation":
-            raise ValueError(f"{f.uri or f.path}, first record: {problem[1]}. A list of messages is a "
-                             f"conversation: to train on conversations use {sft_advice(field)}; for text, pass "
-                             "field= (text_column= in recipes) naming a text field")
-
-    def scan(f: SourceFile, pool: Any) -> tuple:
-        compressed = compression_of(f.path) is not None
-        opener = open_decompressed if compressed else SourceFile.open
-        try:
-            if pool is not None and not compressed:  # remote: one open, its first reads tell an array apart
-                handle, kept = f.open(), None
-                try:
-                    size = handle.size()
-                    raw: Optional[list] = [] if keep and budget.reserve(size) else None
-                    blocks = blocks_at_once(handle, size, pool, keep=raw)
-                    try:
-                        head, again = first_byte_of(blocks)
-                        if head != b"[":
-                            found, blank, first = scan_blocks(again, paragraphs=False, rows_per_unit=rows_per_unit,
-                                                              max_unit_bytes=max_unit_bytes)
-                    finally:
-                        blocks.close()  # reads in flight end before the handle closes
-                    if head != b"[":
-                        if keep:  # the first fetches read its units with it (from memory when the budget kept it)
-                            kept = handle if raw is None else in_memory(handle, raw, size)
-                        return compressed, False, found, blank, first, found[-1][1] if found else 0, kept
-                finally:
-                    if kept is None:
-                        handle.close()
-            array = first_byte(f, opener) == b"["
-            if array:
-                found, first, size = scan_array(f, opener, rows_per_unit=rows_per_unit, max_unit_bytes=max_unit_bytes)
-                blank = 0
-            else:
-                found, blank, first = scan_file(f, paragraphs=False, rows_per_unit=rows_per_unit,
-                                                max_unit_bytes=max_unit_bytes, opener=opener,
-                                                pool=None if compressed else pool)
-                size = found[-1][1] if found else 0  # where the last line ends
-        except OSError as e:
-            raise ValueError(f"cannot read {f.uri or f.path}: {e}") from e
-        return compressed, array, found, blank, first, size, None
-
     pool = pool_for(files)  # remote files at once, each file's blocks at once (listing_at_once.py)
     keep = pool is not None and len(files) <= KEEP_OPEN
     budget = KeptBytes()
-    results: Any = each_file(lambda f: scan(f, pool), files)
+    results: Any = each_file(lambda f: _scan(f, pool, keep, budget, rows_per_unit, max_unit_bytes), files)
     handles: Dict[int, Any] = {}
     if keep:  # remote: every file is scanned whatever the first error, so every handle kept is seen here
         results = list(results)
         handles = {i: got[-1] for i, got in enumerate(results)
                    if not isinstance(got, Exception) and got[-1] is not None}
+    check = partial(_check_first_record, field=field, require_type=require_type)
     try:
-        table = _table(files, results, inspect, max_unit_bytes)
+        table = _table(files, results, check, max_unit_bytes)
     except BaseException:
         for h in handles.values():
             h.close()
         raise
     table.handles = handles or None
     return table
+
+
+def _check_first_record(f: SourceFile, first: bytes, record: str, field: Optional[str],
+                        require_type: Optional[Union[type, Tuple[type, ...]]]) -> None:
+    """Refuse a file whose first record (a ``record``: line or element) shows it is neither layout,
+    lacks ``field`` or holds a conversation where text is wanted (see `list_jsonl_units`)."""
+    if record == "line":
+        why = _neither(first)
+        if why is not None:
+            raise ValueError(f"{f.uri or f.path} is neither JSON lines nor a JSON array: {why}; a JSON source "
+                             "holds one object per line, or one array of objects, [{...}, {...}]")
+    if field is None:
+        return
+    _, problem = jsonl_field(first, field, require_type, record=record)
+    if problem is not None and problem[0] == "missing":
+        chats = [k for k, v in _DECODER.decode(first.decode("utf-8")).items() if _is_conversation(v) and v] \
+            if _wants_text(require_type) else []
+        chats.sort(key=lambda k: k != "messages")  # sft's default first
+        sft = (f"; or, as its field {chats[0]!r} holds a list of messages (a conversation), train on it with "
+               f"{sft_advice(chats[0])}") if chats else ""
+        raise ValueError(f"{f.uri or f.path}, first record: {problem[1]}. Pass field= (text_column= in "
+                         "recipes) naming one of them; if only some records lack it, pass field=None here "
+                         "to list without this check and on_error='skip' to the reader" + sft)
+    if problem is not None and problem[0] == "conversation":
+        raise ValueError(f"{f.uri or f.path}, first record: {problem[1]}. A list of messages is a "
+                         f"conversation: to train on conversations use {sft_advice(field)}; for text, pass "
+                         "field= (text_column= in recipes) naming a text field")
+
+
+def _scan(f: SourceFile, pool: Any, keep: bool, budget: KeptBytes, rows_per_unit: int, max_unit_bytes: int
+          ) -> tuple:
+    """One file's listing: ``(compressed, array, units, blank lines, first record, size, kept handle)``."""
+    compressed = compression_of(f.path) is not None
+    try:
+        if pool is not None and not compressed:  # remote: one open, its first reads tell an array apart
+            got = _scan_remote_lines(f, pool, keep, budget, rows_per_unit, max_unit_bytes)
+            if got is not None:
+                return got
+        return _scan_by_layout(f, compressed, pool, rows_per_unit, max_unit_bytes)
+    except OSError as e:
+        raise ValueError(f"cannot read {f.uri or f.path}: {e}") from e
+
+
+def _scan_remote_lines(f: SourceFile, pool: Any, keep: bool, budget: KeptBytes, rows_per_unit: int,
+                       max_unit_bytes: int) -> Optional[tuple]:
+    """`_scan` of a remote plain file in one open when it is JSON lines, its handle kept when ``keep``
+    (its bytes too, within ``budget``); None when it is an array."""
+    handle, kept = f.open(), None
+    try:
+        size = handle.size()
+        raw: Optional[list] = [] if keep and budget.reserve(size) else None
+        blocks = blocks_at_once(handle, size, pool, keep=raw)
+        try:
+            head, again = first_byte_of(blocks)
+            if head != b"[":
+                found, blank, first = scan_blocks(again, paragraphs=False, rows_per_unit=rows_per_unit,
+                                                  max_unit_bytes=max_unit_bytes)
+        finally:
+            blocks.close()  # reads in flight end before the handle closes
+        if head == b"[":
+            return None
+        if keep:  # the first fetches read its units with it (from memory when the budget kept it)
+            kept = handle if raw is None else in_memory(handle, raw, size)
+        return False, False, found, blank, first, found[-1][1] if found else 0, kept
+    finally:
+        if kept is None:
+            handle.close()
+
+
+def _scan_by_layout(f: SourceFile, compressed: bool, pool: Any, rows_per_unit: int, max_unit_bytes: int) -> tuple:
+    """`_scan` of a file looked at first for its layout: a JSON array's elements, or its lines."""
+    opener = open_decompressed if compressed else SourceFile.open
+    array = first_byte(f, opener) == b"["
+    if array:
+        found, first, size = scan_array(f, opener, rows_per_unit=rows_per_unit, max_unit_bytes=max_unit_bytes)
+        blank = 0
+    else:
+        found, blank, first = scan_file(f, paragraphs=False, rows_per_unit=rows_per_unit,
+                                        max_unit_bytes=max_unit_bytes, opener=opener,
+                                        pool=None if compressed else pool)
+        size = found[-1][1] if found else 0  # where the last line ends
+    return compressed, array, found, blank, first, size, None
 
 
 def _table(files: Sequence[SourceFile], results: Sequence[Any], inspect: Callable[[SourceFile, bytes, str], None],
@@ -355,12 +378,7 @@ class ReadJsonl(CursorReader, SkipCount, Node[Doc]):
     def reset(self, initial_state: Optional[Dict[str, Any]] = None) -> None:
         self._lines, self._keep = [], []
         self._data, self._starts, self._ends = b"", [], []
-        if initial_state is None:
-            self._cursor.reset(None, 0)
-            self._skipped = 0
-        else:
-            self._cursor.reset(initial_state[self.PARENT], initial_state[self.ROW])
-            self._skipped = int(initial_state[self.SKIPPED])
+        self._restore_position(initial_state)
         self._bytes.plan_from(self._cursor.parent)
 
     def readahead_stats(self) -> Optional[Dict[str, Any]]:
@@ -388,5 +406,4 @@ class ReadJsonl(CursorReader, SkipCount, Node[Doc]):
                             "'skipped', not logged)", where, what, kind)
 
     def get_state(self) -> Dict[str, Any]:
-        parent, row = self._cursor.position()
-        return {self.PARENT: parent, self.ROW: row, self.SKIPPED: self._skipped}
+        return self._position_state()

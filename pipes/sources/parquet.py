@@ -296,12 +296,7 @@ class ReadParquet(CursorReader, SkipCount, Node[Doc]):
 
     def reset(self, initial_state: Optional[Dict[str, Any]] = None) -> None:
         self._texts, self._last_table = None, None
-        if initial_state is None:
-            self._cursor.reset(None, 0)
-            self._skipped = 0
-        else:
-            self._cursor.reset(initial_state[self.PARENT], initial_state[self.ROW])
-            self._skipped = int(initial_state[self.SKIPPED])
+        self._restore_position(initial_state)
         ahead = self._read_ahead()
         if ahead is not None:
             ahead.restart()  # plans the fetches from the restored position; they start with the first read
@@ -395,5 +390,4 @@ class ReadParquet(CursorReader, SkipCount, Node[Doc]):
                             self.units.where(s.unit, row))
 
     def get_state(self) -> Dict[str, Any]:
-        parent, row = self._cursor.position()
-        return {self.PARENT: parent, self.ROW: row, self.SKIPPED: self._skipped}
+        return self._position_state()

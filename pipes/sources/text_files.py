@@ -278,7 +278,7 @@ class CursorReader:
 
 class SkipCount:
     """What a reader that skips rows (null text, a bad line) shows of them: ``self._skipped``, the
-    count its state carries."""
+    count its state carries, which a `CursorReader` saves and restores with its position."""
 
     @property
     def skipped(self) -> int:
@@ -288,6 +288,21 @@ class SkipCount:
     def carry_skipped(self, skipped: int) -> None:
         """Continue the skipped count of an elastic resume (elastic.py)."""
         self._skipped = int(skipped)
+
+    def _restore_position(self, initial_state: Optional[Dict[str, Any]]) -> None:
+        """Put the cursor and the skipped count where ``initial_state`` (``PARENT``, ``ROW``,
+        ``SKIPPED``) says, or at the start (None): a reset's part common to the readers."""
+        if initial_state is None:
+            self._cursor.reset(None, 0)
+            self._skipped = 0
+        else:
+            self._cursor.reset(initial_state[self.PARENT], initial_state[self.ROW])
+            self._skipped = int(initial_state[self.SKIPPED])
+
+    def _position_state(self) -> Dict[str, Any]:
+        """The state `_restore_position` restores: the cursor's position and the skipped count."""
+        parent, row = self._cursor.position()
+        return {self.PARENT: parent, self.ROW: row, self.SKIPPED: self._skipped}
 
 
 class ReadText(CursorReader, Node[Doc]):
