@@ -122,7 +122,7 @@ def prepare(root: str) -> None:
 
 def summarize(runs: Dict[str, Dict[str, List[Dict[str, Any]]]]) -> Dict[str, Any]:
     out: Dict[str, Any] = {}
-    for workload in WORKLOADS:
+    for workload in runs["after"]:
         key = "seconds" if workload == "resume" else "tokens_per_s"
         a, b = runs["after"][workload], runs["before"][workload]
         best = (min if key == "seconds" else max)
@@ -157,6 +157,7 @@ def main(argv=None) -> int:
     ap.add_argument("--label", default="the code before", help="what --before is, for RESULTS.md")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--batches", type=int, default=600)
+    ap.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated, of " + ", ".join(WORKLOADS))
     ap.add_argument("--no-write", dest="write", action="store_false")
     ap.add_argument("--task", help=argparse.SUPPRESS)
     ap.add_argument("--root", help=argparse.SUPPRESS)
@@ -174,9 +175,13 @@ def main(argv=None) -> int:
         root = os.path.join(work, "data")
         prepare(root)
         load = os.getloadavg()
-        runs: Dict[str, Dict[str, List[Dict[str, Any]]]] = {k: {w: [] for w in WORKLOADS} for k in trees}
+        workloads = [w for w in args.workloads.split(",") if w]
+        unknown = sorted(set(workloads) - set(WORKLOADS))
+        if unknown:
+            ap.error(f"--workloads {unknown}: not among {WORKLOADS}")
+        runs: Dict[str, Dict[str, List[Dict[str, Any]]]] = {k: {w: [] for w in workloads} for k in trees}
         for r in range(args.rounds):
-            for workload in WORKLOADS:
+            for workload in workloads:
                 order = ("after", "before") if r % 2 == 0 else ("before", "after")
                 for which in order:
                     runs[which][workload].append(run(trees[which], workload, root, args.batches))
