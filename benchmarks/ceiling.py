@@ -7,12 +7,13 @@ and the machine (issue 16 measured cl100k on 2 cores: one process on the `tokeni
 for the caches):
 
 - ``threads``: one process on the engine's own threads, batches of 256 documents (`tokenizers`:
-  ``encode_batch_fast`` on its Rayon pool; tiktoken: ``encode_ordinary_batch(num_threads=cores)``);
+  ``encode_batch_fast`` on its Rayon pool; tiktoken: ``encode_ordinary_batch(num_threads=cores)``;
+  fastokens: ``encode_batch_flat`` on its own threads);
 - ``procs``: one single-threaded process per core (forked once the texts are in memory, each given a
   share of about equal characters), batches of 64;
 
-each for both engines where tiktoken runs the tokenizer (`tokenloom.pipes.tiktoken_bpe` gives the same
-ids; the loader picks it by itself). Every figure is warm: an untimed first pass fills the `tokenizers`
+each for every engine that runs the tokenizer with `tokenizers`' ids (pipes/engines.py: the loader
+picks the fastest by itself). Every figure is warm: an untimed first pass fills the `tokenizers`
 word cache, as a long-running loader's is. The texts are in memory: no reading, no packing.
 """
 
@@ -27,16 +28,17 @@ from typing import Any, Callable, List
 THREADS_BATCH = 256
 #: What one single-threaded process encodes per call (the loader's own batch).
 PROC_BATCH = 64
-ENGINES = ("tokenizers", "tiktoken")
+ENGINES = ("tokenizers", "tiktoken", "fastokens")
 MODES = ("threads", "procs")
 
 
 def engines_for(tokenizer_path: str) -> List[str]:
-    """The engines that run this tokenizer with the loader's ids: `tokenizers` always, tiktoken where
-    the loader would pick it."""
+    """The engines that run this tokenizer with the loader's ids: `tokenizers` always, tiktoken and
+    fastokens where their verdicts say so (pipes/engines.py)."""
     from tokenloom.pipes.tokenizer import load_encoder
 
-    return ["tokenizers", "tiktoken"] if load_encoder(tokenizer_path).engine == "tiktoken" else ["tokenizers"]
+    verdicts = load_encoder(tokenizer_path).verdicts
+    return ["tokenizers"] + [e for e in ("tiktoken", "fastokens") if verdicts.get(e, (False,))[0]]
 
 
 def _encoder(engine: str, tokenizer_path: str, threads: int) -> Callable[[List[str]], int]:
@@ -48,6 +50,14 @@ def _encoder(engine: str, tokenizer_path: str, threads: int) -> Callable[[List[s
 
         tok = Tokenizer.from_file(tokenizer_path)
         return lambda batch: sum(len(e.ids) for e in tok.encode_batch_fast(batch, add_special_tokens=False))
+    if engine == "fastokens":
+        from tokenloom.pipes import fastokens_engine
+
+        if threads == 1:
+            fastokens_engine.single_thread()  # read at each batch (tests/test_engines.py)
+        with open(tokenizer_path, encoding="utf-8") as f:
+            fast = fastokens_engine.build(f.read())
+        return lambda batch: sum(map(len, fastokens_engine.encode_batch(fast, batch)))
     from tokenloom.pipes import tiktoken_bpe
     from tokenloom.pipes.tokenizer import load_encoder
 

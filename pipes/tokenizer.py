@@ -27,10 +27,11 @@ so a later load of the same file, in any process, reads it instead of working it
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import os
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -56,9 +57,11 @@ class Encoder:
         self._payload = payload
         self.fingerprint = fingerprint
         self._tok: Any = tiktoken_obj
-        # What encodes: a byte-level BPE tokenizer.json runs on tiktoken where its ids are the same (tiktoken_bpe).
+        # What encodes: a tokenizer.json runs on the fastest engine that gives tokenizers' ids (engines.py).
         self.engine = "tiktoken" if kind == "tiktoken" else "tokenizers"
         self.engine_note = "a tiktoken.Encoding" if kind == "tiktoken" else ""
+        #: Per faster engine, whether it gives tokenizers' ids for this tokenizer.json, and why (hf only).
+        self.verdicts: Dict[str, Tuple[bool, str]] = {}
         # From the tokenizer cache (tokenizer_cache.py): the facts a loader's build asks for, so
         # `tokenizers` loads the file only where it is needed; the entry holds the tiktoken conversion.
         self._facts: Optional[Dict[str, Any]] = None
@@ -84,6 +87,10 @@ class Encoder:
 
     # --- the interface ---------------------------------------------------------
     def encode_batch(self, texts: Sequence[str]) -> List[np.ndarray]:
+        if self.engine == "fastokens":  # a worker builds the tokenizer once, from the payload it was sent
+            from . import fastokens_engine
+
+            return fastokens_engine.encode_batch(fastokens_engine.build(self._payload), texts)
         if self.engine == "tiktoken" and self.kind == "hf":  # a worker rebuilds the Encoding once
             from . import tiktoken_bpe
 
@@ -95,8 +102,12 @@ class Encoder:
         return [np.asarray(ids, dtype=np.int32) for ids in out]
 
     def prepare(self) -> None:
-        """Build what encoding needs now (the tiktoken encoding of a tokenizer.json): loader workers
-        forked afterwards inherit it instead of each building its own."""
+        """Build what encoding needs now (the fastokens tokenizer or the tiktoken encoding of a
+        tokenizer.json): loader workers forked afterwards inherit it instead of each building its own."""
+        if self.engine == "fastokens":
+            from . import fastokens_engine
+
+            fastokens_engine.build(self._payload)
         if self.engine == "tiktoken" and self.kind == "hf":
             from . import tiktoken_bpe
 
@@ -166,6 +177,7 @@ class Encoder:
         """What the tokenizer cache keeps of an ``hf`` encoder besides the tiktoken conversion."""
         tok = self.tok
         return {"fingerprint": self.fingerprint, "vocab_size": int(tok.get_vocab_size()), "note": self.engine_note,
+                "verdicts": {name: list(v) for name, v in self.verdicts.items()},
                 "added": {t.content: [int(i), bool(t.special)] for i, t in tok.get_added_tokens_decoder().items()},
                 "lookups": {c: tok.token_to_id(c) for c in BOS_CANDIDATES}}
 
@@ -190,18 +202,33 @@ def _as_data_tokenizer(tok: Any) -> Any:
     return tok
 
 
-def _pick_engine(enc: Encoder, raw: Optional[bytes] = None) -> Encoder:
-    """tiktoken for a byte-level BPE tokenizer.json where it gives the same ids, else tokenizers;
-    `Encoder.engine_note` says why (shown in the run summary). With the file's ``raw`` bytes,
-    the verdict and the facts are kept in the tokenizer cache for the next load."""
-    from . import tiktoken_bpe, tokenizer_cache
+def with_engine(enc: Encoder, engine: Optional[str] = None) -> Encoder:
+    """``enc`` set to encode on the engine `engines.choose` picks from its verdicts: ``engine``
+    (``auto``/None: ``$TOKENLOOM_ENGINE``, else the fastest that gives tokenizers' ids); `Encoder.engine_note`
+    says why (the run summary shows it). A forced engine that cannot be used is a `ValueError`."""
+    from .engines import choose, forced_engine
+    from .tiktoken_bpe import switched_off
 
-    off = tiktoken_bpe.switched_off()
-    if off:  # no verdict worked out, none kept
-        enc.engine, enc.engine_note = "tokenizers", off
+    forced, source = forced_engine(engine)
+    if enc.kind == "tiktoken":
+        if engine not in (None, "auto", "tiktoken"):  # an explicit engine=; $TOKENLOOM_ENGINE is for tokenizer.json files
+            raise ValueError(f"{source}: a tiktoken encoding ({enc.origin or enc._payload}) runs on tiktoken; "
+                             "pass a tokenizer.json to use another engine")
         return enc
-    fast, parts, enc.engine_note = tiktoken_bpe.verdict(enc._payload, enc.tok)
-    enc.engine = "tokenizers" if fast is None else "tiktoken"
+    enc.engine, enc.engine_note = choose(enc.verdicts, forced, source, switched_off())
+    return enc
+
+
+def _pick_engine(enc: Encoder, raw: Optional[bytes] = None, engine: Optional[str] = None) -> Encoder:
+    """Work out which faster engines give tokenizers' ids for this tokenizer.json (fastokens_engine.py,
+    tiktoken_bpe.py) and choose (`with_engine`). With the file's ``raw`` bytes, the verdicts and the
+    facts are kept in the tokenizer cache for the next load."""
+    from . import fastokens_engine, tiktoken_bpe, tokenizer_cache
+
+    fast = fastokens_engine.verdict(enc._payload, enc.tok)
+    encoding, parts, why = tiktoken_bpe.verdict(enc._payload, enc.tok)
+    enc.verdicts = {"fastokens": fast, "tiktoken": (encoding is not None, why)}
+    with_engine(enc, engine)
     if raw is not None:
         kept = tokenizer_cache.store(raw, enc.facts(), parts)
         if kept is not None:  # a worker builds the Encoding from the entry, not by converting
@@ -209,9 +236,9 @@ def _pick_engine(enc: Encoder, raw: Optional[bytes] = None) -> Encoder:
     return enc
 
 
-def _from_cache(raw: bytes, payload: str) -> Optional[Encoder]:
+def _from_cache(raw: bytes, payload: str, engine: Optional[str] = None) -> Optional[Encoder]:
     """The encoder of a tokenizer.json loaded before (tokenizer_cache.py), or None."""
-    from . import tiktoken_bpe, tokenizer_cache
+    from . import tokenizer_cache
 
     found = tokenizer_cache.lookup(raw)
     if found is None:
@@ -219,11 +246,8 @@ def _from_cache(raw: bytes, payload: str) -> Optional[Encoder]:
     where, facts = found
     enc = Encoder("hf", payload, facts["fingerprint"])
     enc._facts, enc._entry = facts, where
-    enc.engine, enc.engine_note = ("tiktoken" if facts["tiktoken"] else "tokenizers"), facts["note"]
-    off = tiktoken_bpe.switched_off()
-    if off:
-        enc.engine, enc.engine_note = "tokenizers", off
-    return enc
+    enc.verdicts = {name: (bool(ok), str(why)) for name, (ok, why) in facts["verdicts"].items()}
+    return with_engine(enc, engine)
 
 
 def _hash(text: str) -> str:
@@ -238,26 +262,27 @@ def demo_tokenizer_path() -> str:
     return str(files("tokenloom") / "data" / "tokenizer.json")
 
 
-def load_encoder(tokenizer: Any) -> Encoder:
+def load_encoder(tokenizer: Any, engine: Optional[str] = None) -> Encoder:
     """Accept a path to ``tokenizer.json``, a tokenizer directory, ``"demo"``, a tiktoken
     encoding name, a `tokenizers.Tokenizer`, a `tiktoken.Encoding`, or an `Encoder`;
-    raise `ValueError` naming the path when it cannot be loaded."""
+    raise `ValueError` naming the path when it cannot be loaded. ``engine`` (engines.py): None
+    (``$TOKENLOOM_ENGINE``, else automatic), ``"auto"``, or the engine to force."""
     if isinstance(tokenizer, Encoder):
-        return tokenizer
+        return tokenizer if engine is None else with_engine(copy.copy(tokenizer), engine)
     if isinstance(tokenizer, (str, os.PathLike)):
         path = os.fspath(tokenizer)
         if path == DEMO_TOKENIZER:
             path = demo_tokenizer_path()
         elif os.path.isdir(path):
-            return _load_directory(path)
+            return _load_directory(path, engine)
         elif not os.path.exists(path) and _is_name(path):
-            return _load_tiktoken_name(path)
+            return with_engine(_load_tiktoken_name(path), engine)
         payload = ""
         try:
             with open(path, "rb") as f:
                 raw = f.read()
             payload = raw.decode("utf-8")
-            cached = _from_cache(raw, payload)
+            cached = _from_cache(raw, payload, engine)
             if cached is not None:
                 return cached
             from tokenizers import Tokenizer
@@ -271,7 +296,7 @@ def load_encoder(tokenizer: Any) -> Encoder:
         canonical = tok.to_str()  # the special-token switch is not serialized
         enc = Encoder("hf", canonical, _hash(canonical))
         enc._tok = tok
-        return _pick_engine(enc, raw)
+        return _pick_engine(enc, raw, engine)
     try:
         from tokenizers import Tokenizer
     except ImportError:  # pragma: no cover - tokenizers is a dependency
@@ -280,10 +305,11 @@ def load_encoder(tokenizer: Any) -> Encoder:
         # Re-read, so the payload is in canonical form whatever the object went through; the worker's
         # copy is built from it, so switching special-token handling never changes the caller's object.
         payload = Tokenizer.from_str(tokenizer.to_str()).to_str()
-        return _pick_engine(Encoder("hf", payload, _hash(payload)))
+        return _pick_engine(Encoder("hf", payload, _hash(payload)), engine=engine)
     if type(tokenizer).__module__.startswith("tiktoken") and hasattr(tokenizer, "encode_ordinary_batch"):
         name = getattr(tokenizer, "name", "tiktoken")
-        return Encoder("tiktoken", name, _hash(f"tiktoken:{name}:{tokenizer.n_vocab}"), tiktoken_obj=tokenizer)
+        return with_engine(Encoder("tiktoken", name, _hash(f"tiktoken:{name}:{tokenizer.n_vocab}"),
+                                   tiktoken_obj=tokenizer), engine)
     raise TypeError(
         f"unsupported tokenizer {type(tokenizer).__name__}; pass a path to tokenizer.json, "
         "a tokenizers.Tokenizer or a tiktoken.Encoding"
@@ -350,14 +376,14 @@ def _load_tiktoken_name(name: str) -> Encoder:
     return out
 
 
-def _load_directory(path: str) -> Encoder:
+def _load_directory(path: str, engine: Optional[str] = None) -> Encoder:
     """``save_pretrained``'s layout: tokenizer.json, plus BOS/EOS and the chat template from
     tokenizer_config.json (or chat_template.jinja, where newer transformers put it)."""
     file = os.path.join(path, "tokenizer.json")
     if not os.path.isfile(file):
         raise ValueError(f"tokenizer directory {path!r} has no tokenizer.json (it holds {sorted(os.listdir(path))[:8]}); "
                          "tokenloom reads Hugging Face fast tokenizers: tokenizer.save_pretrained(dir) writes one")
-    enc = load_encoder(file)
+    enc = load_encoder(file, engine)
     config_path = os.path.join(path, "tokenizer_config.json")
     config: Dict[str, Any] = {}
     if os.path.isfile(config_path):

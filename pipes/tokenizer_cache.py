@@ -2,16 +2,17 @@
 
 Loading a ``tokenizer.json`` works out a few facts that depend on its content only: its
 fingerprint (the hash of the canonical serialization, tokenizer.py), its vocabulary size and
-added tokens, the ids of the usual BOS spellings, and whether tiktoken runs it with the same
-ids (tiktoken_bpe.py: convert the vocabulary and merges, check every token, encode a sample
-with both engines) with the converted vocabulary. For a large byte-level BPE that work (the
+added tokens, the ids of the usual BOS spellings, and whether the faster engines give
+`tokenizers`' ids (the verdicts: fastokens_engine.py loads the file and encodes a sample;
+tiktoken_bpe.py converts the vocabulary and merges, checks every token and encodes a sample),
+with tiktoken's converted vocabulary. For a large byte-level BPE that work (the
 JSON parse, the conversion, the token check and ``tokenizers``' own load) is paid in every
 process that builds a loader, on every build, and grows with the vocabulary. None of it changes
 unless the file does.
 
 So it is done once per tokenizer and kept in the user's cache directory, under the SHA-256 of
-the file's bytes (and of what decides the verdict: this format, tiktoken's and tokenizers'
-versions, the checking code): ``meta.json`` (the facts) and ``ranks.bin`` (the converted
+the file's bytes (and of what decides the verdicts: this format, tiktoken's, fastokens' and
+tokenizers' versions, the checking code): ``meta.json`` (the facts) and ``ranks.bin`` (the converted
 vocabulary: token bytes end to end, their offsets and ranks as int64). A warm load reads the
 file (to hash it), the facts and nothing else in the process that builds the loader; the
 tiktoken encoding is built from ``ranks.bin`` where text is encoded (a loader worker: reading
@@ -46,14 +47,14 @@ log = logging.getLogger(__name__)
 #: Environment variable naming the cache directory (or switching it off).
 ENV_CACHE = "TOKENLOOM_CACHE"
 #: Bump when an entry's layout or meaning changes: old entries are then simply not found.
-FORMAT = 1
+FORMAT = 2
 META, RANKS = "meta.json", "ranks.bin"
 
 # Keys of meta.json.
 K_FORMAT, K_FINGERPRINT, K_VOCAB, K_ADDED, K_LOOKUPS = "format", "fingerprint", "vocab_size", "added", "lookups"
 K_TIKTOKEN, K_NOTE, K_PATTERN, K_SPECIALS, K_IGNORE_MERGES = "tiktoken", "note", "pattern", "specials", "ignore_merges"
-K_RANKS_SHA, K_RANKS_COUNT = "ranks_sha256", "ranks_count"
-REQUIRED = (K_FORMAT, K_FINGERPRINT, K_VOCAB, K_ADDED, K_LOOKUPS, K_TIKTOKEN, K_NOTE)
+K_RANKS_SHA, K_RANKS_COUNT, K_VERDICTS = "ranks_sha256", "ranks_count", "verdicts"
+REQUIRED = (K_FORMAT, K_FINGERPRINT, K_VOCAB, K_ADDED, K_LOOKUPS, K_TIKTOKEN, K_NOTE, K_VERDICTS)
 
 Parts = Tuple[str, Dict[bytes, int], Dict[str, int], bool]
 
@@ -68,7 +69,7 @@ def cache_root() -> Optional[str]:
 
 
 #: The modules whose code decides a verdict (beside this one): an entry is kept per version of them.
-DECIDING_CODE = ("tiktoken_bpe.py", "tokenizer.py")
+DECIDING_CODE = ("tiktoken_bpe.py", "fastokens_engine.py", "tokenizer.py")
 
 
 def _decider() -> str:
@@ -80,12 +81,13 @@ def _decider() -> str:
         tiktoken_version = tiktoken.__version__ if hasattr(tiktoken, "__version__") else "?"
     except ImportError:
         tiktoken_version = "absent"
+    from .fastokens_engine import version as fastokens_version
     code = hashlib.sha256()
     here = os.path.dirname(os.path.abspath(__file__))
     for module in DECIDING_CODE:  # read as files: importing them would run the loader's code both ways
         with open(os.path.join(here, module), "rb") as f:
             code.update(f.read())
-    return f"{FORMAT}|{tokenizers.__version__}|{tiktoken_version}|{code.hexdigest()}"
+    return f"{FORMAT}|{tokenizers.__version__}|{tiktoken_version}|{fastokens_version() or 'absent'}|{code.hexdigest()}"
 
 
 def entry_dir(raw: bytes) -> Optional[str]:

@@ -9,7 +9,8 @@ the same work costs more CPU per token than with one thread per worker
 (``pretrain`` with one thread per worker against the pools: see docs/performance.md).
 
 So each worker sets ``TOKENIZERS_PARALLELISM=false`` (read by the tokenizers
-library at each batched call) before it tokenizes anything. It applies only in
+library at each batched call), and fastokens' ``FASTOKENS_BPE_THREADS=1`` and
+``RAYON_NUM_THREADS=1`` (fastokens_engine.py), before it tokenizes anything. It applies only in
 worker processes, which tokenloom owns. A user who runs fewer workers than cores
 and wants the pools back sets the variable to ``true`` in their
 ``worker_init_fn``, which runs after this. (tiktoken encodes a batch on a pool of
@@ -24,5 +25,8 @@ TOKENIZERS_PARALLELISM = "TOKENIZERS_PARALLELISM"
 
 
 def single_thread_tokenizers() -> None:
-    """Make this process's Hugging Face tokenizers encode on the calling thread only."""
+    """Make this process's Hugging Face tokenizers and fastokens encode on one thread only."""
+    from .fastokens_engine import single_thread
+
     os.environ[TOKENIZERS_PARALLELISM] = "false"
+    single_thread()

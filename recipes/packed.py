@@ -130,7 +130,8 @@ def _is_remote(spec: Any) -> bool:
 
 
 def _plan_sources(named: Mapping[str, Any], tokenizer: Any, *, columns: Mapping[str, str], modes: Mapping[str, str],
-                  manifests: Mapping[str, str], require_type: type) -> Tuple[List[SourcePlan], Encoder]:
+                  manifests: Mapping[str, str], require_type: type, engine: Optional[str] = None
+                  ) -> Tuple[List[SourcePlan], Encoder]:
     """Every source's plan, in order, and the encoder. With a remote source the sources are listed at
     once (a thread each) while this thread loads the tokenizer: each source's listing and footers are
     round trips to the store (one after the other, several per source without this; see
@@ -143,12 +144,12 @@ def _plan_sources(named: Mapping[str, Any], tokenizer: Any, *, columns: Mapping[
 
     if not any(_is_remote(spec) for spec in named.values()):
         plans = [plan(name) for name in named]
-        return plans, load_encoder(tokenizer)
+        return plans, load_encoder(tokenizer, engine)
     with shared_filesystems(named.values()), \
             ThreadPoolExecutor(len(named), thread_name_prefix="tokenloom-plan") as pool:
         futures = [pool.submit(plan, name) for name in named]
         try:
-            encoder, error = load_encoder(tokenizer), None
+            encoder, error = load_encoder(tokenizer, engine), None
         except Exception as e:  # noqa: BLE001 - raised after the sources' errors
             encoder, error = None, e
         plans = [f.result() for f in futures]
@@ -236,7 +237,7 @@ def packed_loader(spec: PackedSpec, loader_kwargs: Mapping[str, Any]) -> TokenLo
     cache_reads = start_cache_reads(cache, names) if cache is not None else {}  # beside the sources' listing
     try:  # the cache's reads open its files: closed if the build fails before it matches them
         plans, encoder = _plan_sources(named, data.tokenizer, columns=columns, modes=modes, manifests=manifests,
-                                       require_type=list if sft else str)
+                                       require_type=list if sft else str, engine=data.engine)
         for plan in plans:
             check_shardable(plan.total_rows, num_shards, f"source {plan.name!r}")
         if cache is None:  # a token cache reads no text

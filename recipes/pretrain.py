@@ -50,6 +50,7 @@ def pretrain(
     min_fill: int = 1,
     cache: Any = None,
     cache_strict: bool = False,
+    engine: Optional[str] = None,
     **loader_kwargs: Any,
 ) -> TokenLoomLoader:
     """Build a loader of packed pretraining batches (see the README for every parameter).
@@ -78,6 +79,8 @@ def pretrain(
     for tokens (benchmarks/RESULTS.md, "crop wait"). ``min_fill`` (``bestfit``): the least gap at a
     row's end that is filled by cutting a long document; a smaller gap is padded, so no document
     is cut into a piece shorter than ``min_fill`` at a row's end (default 1: every gap is filled).
+    ``engine``: what encodes a tokenizer.json (None: ``$TOKENLOOM_ENGINE``, else ``"auto"``, the fastest
+    engine that gives `tokenizers`' ids: fastokens, tiktoken, `tokenizers`); every engine gives the same batches.
     ``cache``: the directory (path or URI) ``tokenloom tokenize --out`` wrote, or ``{name: directory}``:
     token ids are read from it instead of text, giving bitwise the same batches and states that load
     either way; a unit it lacks is tokenized (``stats()["sources"][name]["tokenized"]``), or refused

@@ -31,6 +31,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from tokenloom.pipes.chat import LONG_POLICIES, TEMPLATE_NAMES
 from tokenloom.pipes.check_args import check_int
+from tokenloom.pipes.engines import AUTO, ENGINES
 from tokenloom.pipes.mix import STOPS, STRATEGIES, UNITS
 from tokenloom.pipes.pack.bestfit import BestFitPack
 from tokenloom.pipes.sources.readers import TEXT_MODES
@@ -89,6 +90,11 @@ class DataSettings:
         doc=f"path to tokenizer.json or a tokenizer directory, a tiktoken encoding name, or {DEMO_TOKENIZER!r} for the "
             "shipped 4096-id demo tokenizer (required: a model trained on the wrong tokenizer is wasted)",
         hint=TOKENIZER_HINT, record="tokenizer", cli=Cli(path=True))
+    engine: Optional[str] = setting(
+        None, doc="what encodes a tokenizer.json: auto (the fastest engine that gives tokenizers' ids: fastokens, "
+                  "tiktoken, tokenizers), or one of them forced (default: $TOKENLOOM_ENGINE, else auto)",
+        check=one_of((AUTO,) + ENGINES, none_ok=True), resume=FREE,
+        why="every engine gives tokenizers' ids, so the batches are the same", cli=Cli(choices=(AUTO,) + ENGINES))
     manifest: Any = setting(
         None, doc="path of a parquet index `tokenloom index --out` wrote away from the data ({name: path} with "
                   "several sources); an index in the directory a source resolves under is used without it",

@@ -61,6 +61,7 @@ def sft(
     buffer_tokens: Optional[int] = None,
     max_wait: Optional[int] = None,
     min_fill: int = 1,
+    engine: Optional[str] = None,
     **loader_kwargs: Any,
 ) -> TokenLoomLoader:
     """Build a loader of packed conversation batches (see the module docstring and the README).
@@ -77,7 +78,7 @@ def sft(
     """
     check_loader_keywords(sft, loader_kwargs)
     spec = PackedSpec.of("sft", **{k: v for k, v in locals().items() if k in SETTINGS}).validate()
-    encoder = load_encoder(tokenizer)
+    encoder = load_encoder(tokenizer, engine)
     chat = choose_template(template, encoder, bos)
     if hasattr(chat, "resolve"):
         chat.resolve(encoder)  # a missing token or a template that cannot give a mask fails here, not in a worker

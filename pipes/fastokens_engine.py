@@ -1,0 +1,104 @@
+"""The fastokens engine: a Rust BPE that loads a tokenizer.json, used where it gives `tokenizers`' ids.
+
+fastokens (the optional ``fast`` extra) runs the BPE of most tokenizer.json files, byte-level and
+byte-fallback alike, several times faster than `tokenizers` and tiktoken, but not every normalizer
+or pre-tokenizer. So, like tiktoken (tiktoken_bpe.py), it is used for a tokenizer only after a
+check: it must load the file, and encode a sample (`tiktoken_bpe.sample_texts`, plus every added
+token's spelling, which data text must never turn into a control token) to exactly the ids of
+`tokenizers` with special-token spellings as text. `verdict` says yes or why not; the loader keeps
+the verdict per file content (tokenizer_cache.py) and chooses among the engines (tokenizer.py).
+
+`encode_batch` asks fastokens for one flat buffer of ids and the offsets of each text
+(``encode_batch_flat``): no Python object per token. fastokens spreads a batch over its own
+threads; in a loader worker, where the workers are the parallelism, it is told to use one
+(`single_thread`, called with the other tokenizers' switch, tokenizer_threads.py). The tokenizer is
+built once per process from the serialized tokenizer.json the worker receives.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+#: fastokens' own thread count for a batch, and the Rayon pool's it may use.
+THREAD_VARIABLES = ("FASTOKENS_BPE_THREADS", "RAYON_NUM_THREADS")
+INSTALL_HINT = "pip install 'tokenloom[fast]'"
+
+_lock = threading.Lock()
+_built: Dict[int, Tuple[str, Any]] = {}  # by id of the payload's hash key: (payload, tokenizer)
+
+
+def version() -> Optional[str]:
+    """fastokens' version, or None where it is not installed."""
+    import importlib.util
+    from importlib.metadata import PackageNotFoundError, version as installed
+
+    if importlib.util.find_spec("fastokens") is None:
+        return None
+    try:
+        return installed("fastokens")
+    except PackageNotFoundError:  # importable without metadata
+        return "?"
+
+
+def build(payload: str) -> Any:
+    """The fastokens tokenizer of a tokenizer.json text, built once per process."""
+    key = hash(payload)
+    with _lock:
+        found = _built.get(key)
+        if found is not None and found[0] == payload:
+            return found[1]
+    import fastokens
+
+    tok = fastokens.Tokenizer.from_json_str(payload)
+    with _lock:
+        _built[key] = (payload, tok)
+    return tok
+
+
+def encode_batch(tok: Any, texts: Sequence[str]) -> List[np.ndarray]:
+    """int32 id arrays (read-only views of one buffer), special-token spellings encoded as text."""
+    ids, offsets = tok.encode_batch_flat(list(texts), add_special_tokens=False, split_special_tokens=True)
+    flat = np.frombuffer(ids, dtype=np.int32)  # ids are < 2**31: the uint32 buffer read as int32, no copy
+    ends = np.frombuffer(offsets, dtype=np.uint64).tolist()
+    return [flat[a:b] for a, b in zip(ends[:-1], ends[1:])]
+
+
+def single_thread() -> None:
+    """Make fastokens encode a batch on one thread in this process (a loader worker)."""
+    for name in THREAD_VARIABLES:
+        os.environ[name] = "1"
+
+
+def verdict(payload: str, reference: Any, sample: Optional[Sequence[str]] = None) -> Tuple[bool, str]:
+    """(whether fastokens gives `reference`'s ids for this tokenizer.json text, why). ``reference``
+    is the `tokenizers.Tokenizer` the loader would use otherwise (special-token spellings as text)."""
+    if version() is None:
+        return False, f"fastokens is not installed ({INSTALL_HINT} is faster)"
+    try:
+        tok = build(payload)
+    except Exception as e:  # noqa: BLE001 - an unsupported normalizer or pre-tokenizer, a bad file
+        return False, f"fastokens cannot load it: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+    texts = list(sample) if sample is not None else sample_texts(reference)
+    try:
+        ours = encode_batch(tok, texts)
+    except Exception as e:  # noqa: BLE001
+        return False, f"fastokens failed on the sample: {type(e).__name__}: {e}"
+    theirs = reference.encode_batch_fast(texts, add_special_tokens=False)
+    for i, (a, b) in enumerate(zip(ours, theirs)):
+        if a.tolist() != b.ids:
+            at = next((j for j, (x, y) in enumerate(zip(a.tolist(), b.ids)) if x != y), min(len(a), len(b.ids)))
+            return False, f"fastokens' ids differ from tokenizers on sample text #{i} {texts[i][:40]!r} at token {at}"
+    size = sum(len(t.encode("utf-8", "surrogatepass")) for t in texts)
+    return True, f"same ids as tokenizers on a {size / 1024:.0f} KB sample"
+
+
+def sample_texts(reference: Any) -> List[str]:
+    """The engines' shared sample, plus the tokenizer's own added tokens spelt in text."""
+    from .tiktoken_bpe import sample_texts as shared
+
+    added = [t.content for t in reference.get_added_tokens_decoder().values()]
+    return shared() + ([" ".join(added) + "\n" + "".join(added)] if added else [])
