@@ -8,8 +8,8 @@ T=2048 and the label of the last one), every document starts with the BOS id, 2 
 the loader has workers. Each peer runs in its own idiomatic best configuration:
 
 - ``tokenloom``: ``pretrain(...)`` at its defaults (bestfit, buffer 1000), and ``packing="flat"``;
-  each on the engine tokenloom picks for this tokenizer (tiktoken) and with ``TOKENLOOM_TIKTOKEN=0``
-  (the `tokenizers` engine the peers use);
+  each on the engine tokenloom picks for this tokenizer (fastokens with the ``fast`` extra, else
+  tiktoken) and with ``TOKENLOOM_ENGINE=tokenizers`` (the `tokenizers` engine the peers use);
 - ``nanochat``: its BOS-aligned best-fit-crop loader (`held_out.nanochat_batches`, a faithful
   re-implementation: row groups in turn, 128 documents a call on 4 tiktoken threads, a 1,000-document
   buffer, crop the shortest when nothing fits), in the training process as nanochat runs it;
@@ -558,10 +558,10 @@ def _import_streaming():
 LOADERS: Dict[str, Dict[str, Any]] = {
     "tokenloom": {"cls": TokenloomLoader, "label": "tokenloom pretrain, bestfit", "group": "fly"},
     "tokenloom_tokenizers": {"cls": TokenloomLoader, "label": "tokenloom pretrain, bestfit", "group": "fly",
-                             "env": {"TOKENLOOM_TIKTOKEN": "0"}},
+                             "env": {"TOKENLOOM_ENGINE": "tokenizers"}},
     "tokenloom_flat": {"cls": TokenloomFlat, "label": "tokenloom pretrain, flat", "group": "fly"},
     "tokenloom_flat_tokenizers": {"cls": TokenloomFlat, "label": "tokenloom pretrain, flat", "group": "fly",
-                                  "env": {"TOKENLOOM_TIKTOKEN": "0"}},
+                                  "env": {"TOKENLOOM_ENGINE": "tokenizers"}},
     "nanochat": {"cls": Nanochat, "label": "nanochat's bestfit-crop loader", "group": "fly"},
     "grain_concat": {"cls": GrainLoader, "label": "Grain concat-then-split", "group": "fly"},
     "grain_bestfit_trim": {"cls": GrainTrim, "label": "Grain best-fit pack, documents trimmed to a row", "group": "fly"},
