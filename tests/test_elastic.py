@@ -180,8 +180,9 @@ def run_ranks(loaders: List[Any], sync: ThreadSync, *, steps: Optional[int] = No
                for r, (l, it) in enumerate(zip(loaders, iterators))]
     for t in threads:
         t.start()
+    end = time.monotonic() + timeout  # one bound for all the ranks: a step that never returns fails in time
     for t in threads:
-        t.join(timeout)
+        t.join(max(end - time.monotonic(), 0))
     if errors:
         first = min(errors, key=lambda r: isinstance(errors[r], threading.BrokenBarrierError))
         raise errors[first]

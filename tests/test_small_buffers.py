@@ -88,3 +88,37 @@ def test_the_smallest_legal_values_end_their_epoch(tmp_path, packing, num_worker
         run_chain(build, [Hop(1, num_workers, None)], oracle, limit=LIMIT)
         oracle.finish()
         assert oracle.rows > 0
+
+
+def test_a_step_that_never_returns_fails_within_the_time_limit():
+    """The harness's limit holds for a next() that never returns (a graph reading for ever inside one
+    step, as a filter that drops everything in an endless branch does): every rank together is bounded,
+    not each in turn (four ranks waited 4 x 240 s before)."""
+    import threading
+    import time
+
+    from tokenloom.pipes.loader.rank_sync import ThreadSync
+
+    from .test_elastic import run_ranks
+
+    never = threading.Event()
+
+    class Stuck:
+        def __iter__(self):
+            return self
+
+        def __next__(self):
+            never.wait(60)
+            raise StopIteration
+
+        def state_dict(self):
+            return {}
+
+        def stats(self):
+            return {}
+
+    t0 = time.monotonic()
+    with pytest.raises(AssertionError, match="did not finish"):
+        run_ranks([Stuck() for _ in range(4)], ThreadSync(4), deadline=time.monotonic() + 1)
+    assert time.monotonic() - t0 < 15
+    never.set()
