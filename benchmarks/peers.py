@@ -858,7 +858,7 @@ def markdown(res: Dict[str, Any], command: str) -> str:
                                                          for got in res["rounds"]) +
         " M tokens/s in the rounds: the machine's share for each run moves more than the ratios.", "",
         f"Corpus: {corpus}. Tokenizer: `held_out.py`'s byte-level BPE with cl100k's split regex and 100,000 ids "
-        f"(a tokenizer.json; tiktoken and `tokenizers` give the same ids). T={st['T']}, B={st['B']}: rows of "
+        f"(a tokenizer.json; fastokens, tiktoken and `tokenizers` give the same ids). T={st['T']}, B={st['B']}: rows of "
         f"{st['T'] + 1} tokens, each document begins with the BOS id; {st['workers']} loader workers where the loader "
         f"has workers. Peers: " + ", ".join(f"{k} {v}" for k, v in res["versions"].items() if v) + ".", "",
         "| loader | engine | tokens/s vs the group's tokenloom (range) | M tokens/s | CPU s per M tokens | first batch s "
@@ -896,8 +896,8 @@ def markdown(res: Dict[str, Any], command: str) -> str:
         "row-long segments looked up in an index of the corpus's documents). *exact resume*: state saved after "
         f"{st['resume_after']} batches (`torch.save`, its size in bytes), a fresh loader built the same and loaded "
         "with it; yes when its next batch equals the uninterrupted run's bit for bit.", "",
-        "What is not like for like. *Tokenizer engine*: tokenloom picks tiktoken for this tokenizer by itself "
-        "(same ids, ~3x faster); nanochat runs tiktoken too (its own design); Grain, torchtitan, LitData's and "
+        "What is not like for like. *Tokenizer engine*: tokenloom picks the fastest engine that gives `tokenizers`' ids by itself (fastokens here, "
+        "with the `fast` extra; ids checked against `tokenizers`); nanochat runs tiktoken too (its own design); Grain, torchtitan, LitData's and "
         "Mosaic's builds run `tokenizers`, so tokenloom's `tokenizers` rows are the pipeline-for-pipeline "
         "comparison. *Packing rules*: nanochat's crop keeps every row BOS-aligned and unpadded by discarding "
         "the rest of a document that does not fit (and Grain's trim discards everything past a row), while "
