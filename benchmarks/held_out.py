@@ -25,8 +25,9 @@ by up to 1.7x within minutes, so every ratio is taken within a round and the med
   BOS prepended, a pool of tokens, for each row the largest buffered document that fits, else the
   shortest cropped to fill), in the training process as nanochat runs it.
 
-Loaders are timed over ``--batches`` batches after the first (start-up left out); rates are rows'
-tokens (B x (T+1) a batch) per second, and tokens tokenized per second (crop discards a third of
+Loaders are timed over ``--batches`` batches after the first (start-up left out) and, for
+``pretrain``, after the batches its workers hold ready by then (``prefetch_factor`` a worker: work done
+before the window would flatter the fastest engine); rates are rows' tokens (B x (T+1) a batch) per second, and tokens tokenized per second (crop discards a third of
 what nanochat tokenizes).
 
     python benchmarks/held_out.py               # ~12 minutes on 2 cores
@@ -160,8 +161,10 @@ def task_ceiling(engine: str, mode: str, pages: int) -> dict:
     return ceiling.measure(engine, mode, tokenizer_path(), all_texts(pages))
 
 
-def _window(it, batches: int, count) -> dict:
-    next(it)  # start-up and the first fill left out
+def _window(it, batches: int, count, skip: int = 1) -> dict:
+    """``batches`` timed after ``skip`` untimed ones (start-up, and the batches workers hold ready)."""
+    for _ in range(skip):
+        next(it)
     c0, t0 = count(), time.perf_counter()
     for _ in range(batches):
         next(it)
@@ -177,7 +180,8 @@ def task_pretrain(batches: int, pages: int, llama: bool = False) -> dict:
     loader = pretrain(corpus_files(pages), tokenizer=llama_path() if llama else tokenizer_path(),
                       bos="<s>" if llama else BOS, seq_len=SEQ_LEN, batch_size=BATCH, buffer_size=BUFFER,
                       num_workers=2)
-    r = _window(iter(loader), batches, lambda: loader.stats()["tokens_in"])
+    # The batches the workers hold ready at the start are left out: they would count work done before the window.
+    r = _window(iter(loader), batches, lambda: loader.stats()["tokens_in"], skip=1 + 2 * loader.prefetch_factor)
     r["engine"] = loader.dataset.factory.encoder.engine
     return r
 
@@ -391,7 +395,8 @@ def markdown(res: Dict[str, Any], command: str) -> str:
              "trained here on other text (the stdlib corpus and the machine's .md/.rst files), the stand-in for "
              f"cl100k's tokenizer.json (engines that run it with the same ids: {', '.join(f['engines'])}). "
              f"`pretrain` and nanochat: T={SEQ_LEN}, B={BATCH}, buffer {BUFFER}, {res['settings']['batches']} "
-             "batches after the first; rates are rows' tokens per second.", "",
+             "batches after the first (`pretrain`: after the batches its workers hold ready); rates are rows' "
+             "tokens per second.", "",
              "| ceiling (M tokens/s, median over rounds) | value |", "|---|---|"]
     for n, v in s["ceilings_M"].items():
         lines.append(f"| {n.replace('_', ', ')} | {v:.2f} |")
