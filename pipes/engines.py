@@ -18,13 +18,26 @@ the engine, and a resume may run on another one.
 from __future__ import annotations
 
 import os
-from typing import Mapping, Optional, Tuple
+from typing import Any, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
 
 #: Fastest first: the order of the automatic choice.
 ENGINES = ("fastokens", "tiktoken", "tokenizers")
 AUTO = "auto"
 #: The environment variable that forces an engine.
 ENV_ENGINE = "TOKENLOOM_ENGINE"
+
+
+def first_difference(ours: Sequence[np.ndarray], reference: Any, texts: Sequence[str]) -> Optional[str]:
+    """Where an engine's ids for ``texts`` first differ from ``reference``'s (a `tokenizers.Tokenizer`,
+    special-token spellings as text), as a reason; None where every text gives the same ids."""
+    theirs = reference.encode_batch_fast(list(texts), add_special_tokens=False)
+    for i, (a, b) in enumerate(zip(ours, theirs)):
+        if a.tolist() != b.ids:
+            at = next((j for j, (x, y) in enumerate(zip(a.tolist(), b.ids)) if x != y), min(len(a), len(b.ids)))
+            return f"ids differ from tokenizers on sample text #{i} {texts[i][:40]!r} at token {at}"
+    return None
 
 
 def forced_engine(engine: Optional[str] = None) -> Tuple[Optional[str], str]:

@@ -23,6 +23,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from .engines import first_difference
+
 #: fastokens' own thread count for a batch, and the Rayon pool's it may use.
 THREAD_VARIABLES = ("FASTOKENS_BPE_THREADS", "RAYON_NUM_THREADS")
 INSTALL_HINT = "pip install 'tokenloom[fast]'"
@@ -87,11 +89,9 @@ def verdict(payload: str, reference: Any, sample: Optional[Sequence[str]] = None
         ours = encode_batch(tok, texts)
     except Exception as e:  # noqa: BLE001
         return False, f"fastokens failed on the sample: {type(e).__name__}: {e}"
-    theirs = reference.encode_batch_fast(texts, add_special_tokens=False)
-    for i, (a, b) in enumerate(zip(ours, theirs)):
-        if a.tolist() != b.ids:
-            at = next((j for j, (x, y) in enumerate(zip(a.tolist(), b.ids)) if x != y), min(len(a), len(b.ids)))
-            return False, f"fastokens' ids differ from tokenizers on sample text #{i} {texts[i][:40]!r} at token {at}"
+    differs = first_difference(ours, reference, texts)
+    if differs:
+        return False, f"fastokens' {differs}"
     size = sum(len(t.encode("utf-8", "surrogatepass")) for t in texts)
     return True, f"same ids as tokenizers on a {size / 1024:.0f} KB sample"
 

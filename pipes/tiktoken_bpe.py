@@ -48,6 +48,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .compat.tiktoken import ordinary_encoder
+from .engines import first_difference
 
 #: ``tokenizers``' ByteLevel pre-tokenizer regex (use_regex=True), which is GPT-2's.
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
@@ -297,12 +298,9 @@ def verdict(payload: str, reference: Any, sample: Optional[Sequence[str]] = None
     except Exception as e:  # e.g. tiktoken's regex engine rejects the pattern
         return None, None, f"tiktoken cannot build it: {type(e).__name__}: {e}"
     texts = sample_texts() if sample is None else list(sample)
-    ours = encode_batch(enc, texts, threads=1)
-    theirs = reference.encode_batch_fast(texts, add_special_tokens=False)
-    for i, (a, b) in enumerate(zip(ours, theirs)):
-        if a.tolist() != b.ids:
-            at = next((j for j, (x, y) in enumerate(zip(a.tolist(), b.ids)) if x != y), min(len(a), len(b.ids)))
-            return None, None, f"ids differ from tokenizers on sample text #{i} {texts[i][:40]!r} at token {at}"
+    differs = first_difference(encode_batch(enc, texts, threads=1), reference, texts)
+    if differs:
+        return None, None, differs
     with _encodings_lock:
         _encodings.setdefault(payload, enc)
     size = sum(len(t.encode("utf-8")) for t in texts)

@@ -69,7 +69,7 @@ def cache_root() -> Optional[str]:
 
 
 #: The modules whose code decides a verdict (beside this one): an entry is kept per version of them.
-DECIDING_CODE = ("tiktoken_bpe.py", "fastokens_engine.py", "tokenizer.py")
+DECIDING_CODE = ("tiktoken_bpe.py", "fastokens_engine.py", "engines.py", "tokenizer.py")
 
 
 def _decider() -> str:

@@ -10,8 +10,6 @@ import pathlib
 import tokenize
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 import torch
 
@@ -21,6 +19,7 @@ from tokenloom.pipes.compat import torchdata as torchdata_compat
 from tokenloom.pipes.loader.bridge import decode_state
 from tokenloom.recipes import pretrain
 
+from .conftest import write_corpus
 from .resume import items_equal, torch_roundtrip
 
 ROOT = pathlib.Path(tokenloom.__file__).resolve().parent.parent
@@ -68,9 +67,9 @@ class _PublicOnly:
 
 def test_tiktoken_fallback_gives_the_cores_ids_and_refuses_the_same_texts(tok_path):
     from tokenloom.pipes import tiktoken_bpe
-    from tokenloom.pipes.tokenizer import load_encoder
 
-    enc = tiktoken_bpe.encoding(load_encoder(tok_path)._payload)
+    with open(tok_path, encoding="utf-8") as f:
+        enc = tiktoken_bpe.encoding(f.read())
     fast, public = tiktoken_compat.ordinary_encoder(enc), tiktoken_compat.ordinary_encoder(_PublicOnly(enc))
     for text in ("def f(x):\n\treturn x  # ü 😀", "<|bos|> is text here", "", "a" * 5000):
         got = public(text)
@@ -84,10 +83,9 @@ def test_tiktoken_fallback_gives_the_cores_ids_and_refuses_the_same_texts(tok_pa
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    root = tmp_path_factory.mktemp("compat")
-    texts = [f"doc {i} " + "word " * (3 + i * 11 % 90) for i in range(240)]
-    pq.write_table(pa.table({"text": texts}), root / "a.parquet", row_group_size=30)
-    return str(root)
+    root = str(tmp_path_factory.mktemp("compat"))
+    write_corpus(root, [f"doc {i} " + "word " * (3 + i * 11 % 90) for i in range(240)], files=1, row_group_size=30)
+    return root
 
 
 def _run(corpus, tok_path, n, state=None, **kw):

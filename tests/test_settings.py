@@ -24,6 +24,7 @@ from tokenloom.recipes import pretrain, sft
 from tokenloom.recipes.setting import FREE, RECIPES, TOPOLOGY as RESUME_TOPOLOGY, keyword_of
 from tokenloom.recipes.settings import PackedSpec
 
+from .conftest import write_corpus
 from .resume import torch_roundtrip
 
 RECIPE = {"pretrain": pretrain, "sft": sft}
@@ -204,10 +205,10 @@ def test_min_fill_through_the_recipe_is_checked_and_recorded(text_corpus, tok_pa
 
 @pytest.fixture(scope="module")
 def text_corpus(tmp_path_factory):
-    root = tmp_path_factory.mktemp("settings_text")
-    texts = [f"document {i} " + "word " * (3 + i * 7 % 60) for i in range(200)]
-    pq.write_table(pa.table({"text": texts}), root / "a.parquet", row_group_size=50)
-    return str(root)
+    root = str(tmp_path_factory.mktemp("settings_text"))
+    write_corpus(root, [f"document {i} " + "word " * (3 + i * 7 % 60) for i in range(200)], files=1,
+                 row_group_size=50)
+    return root
 
 
 @pytest.fixture(scope="module")
