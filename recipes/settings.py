@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterator, Mapping, Optional, Sequence, Tuple, Union
 
 from tokenloom.pipes.chat import LONG_POLICIES, TEMPLATE_NAMES
 from tokenloom.pipes.check_args import check_int
@@ -37,7 +37,7 @@ from tokenloom.pipes.pack.bestfit import BestFitPack
 from tokenloom.pipes.sources.readers import TEXT_MODES
 from tokenloom.pipes.tokenizer import DEMO_TOKENIZER
 
-from .setting import FREE, TOPOLOGY, Cli, check_fields, hints_of, keyword_of, meta_of, recorded_keys, setting, settings_fields  # noqa: E501
+from .setting import FREE, TOPOLOGY, Cli, check_fields, hints_of, keyword_of, meta_of, setting, settings_fields
 from .setting import config_of as record_config
 
 PACKINGS = ("flat", "bestfit", "bestfit-crop")
@@ -315,26 +315,9 @@ class PackedSpec:
         """Per setting added after states were saved without it, the value such a state stands for."""
         return {name: meta.absent for _, name, meta, _ in self.items() if meta.absent is not dataclasses.MISSING}
 
-    def group_of(self, name: str) -> str:
-        """The group attribute holding the setting ``name``."""
-        return next(a for a in self.groups(self.recipe) if name in {n for n, _ in settings_fields(getattr(self, a))})
-
-    def recorded(self) -> Dict[str, Tuple[str, ...]]:
-        """``{recorded key: (settings recorded under it)}``, over every group."""
-        out: Dict[str, Tuple[str, ...]] = {}
-        for attr in self.groups(self.recipe):
-            for key, names in recorded_keys(getattr(self, attr)).items():
-                out[key] = out.get(key, ()) + names
-        return out
-
 
 def config_of(spec: PackedSpec, resolved: Mapping[str, Any]) -> Dict[str, Any]:
     """The configuration a saved state must match (`setting.config_of`): the values the loader
     resolved, the packer's effective ones, else the settings' own."""
     groups = tuple(getattr(spec, attr) for attr in spec.groups(spec.recipe))
     return record_config(groups, {**spec.pack.recorded(), **resolved})
-
-
-def every_setting(recipe: str) -> List[str]:
-    """The recipe's keywords for its settings, in order."""
-    return list(PackedSpec.keywords(recipe))
