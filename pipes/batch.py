@@ -47,6 +47,14 @@ from .items import Row
 from .roles import BATCH
 from .schedule import StepClock
 
+try:
+    from . import _collatecore  # type: ignore[attr-defined]
+
+    IMPLEMENTATION = "c"
+except ImportError:  # built without a C compiler: the same tensors from numpy
+    _collatecore = None
+    IMPLEMENTATION = "numpy"
+
 IGNORE_INDEX = -100
 
 
@@ -54,6 +62,34 @@ def collate_rows(rows: List[Row], *, batch_size: int, seq_len: int, pad_id: int,
                  end_label: Optional[int] = None) -> Dict[str, torch.Tensor]:
     """Build the batch dict from up to ``batch_size`` rows (missing rows are padding);
     ``end_label``: the label after every whole document's last token (see the module docstring).
+
+    One pass over the rows in C (``_collatecore.c``) where the rows hold what the packers make
+    (int32 tokens one row long, int32 or int64 segment lengths, a bool mask or None), else
+    `collate_numpy`; the tensors are bitwise the same either way."""
+    if _collatecore is not None:
+        B, T = batch_size, seq_len
+        input_ids, labels, pos_ids = (np.empty((B, T), np.int64) for _ in range(3))
+        seg_ids = np.empty((B, T), np.int32)
+        cu = np.empty(B * T + 1, np.int32)
+        done = _collatecore.collate(rows if type(rows) is list else list(rows), input_ids, labels, pos_ids, seg_ids,
+                                    cu, B, T, pad_id, end_label)
+        if done is not None:
+            max_seqlen, num_seqs = done
+            return {
+                "input_ids": torch.from_numpy(input_ids),
+                "labels": torch.from_numpy(labels),
+                "position_ids": torch.from_numpy(pos_ids),
+                "segment_ids": torch.from_numpy(seg_ids),
+                "cu_seqlens": torch.from_numpy(cu),
+                "max_seqlen": torch.tensor(max_seqlen, dtype=torch.int32),
+                "num_seqs": torch.tensor(num_seqs, dtype=torch.int32),
+            }
+    return collate_numpy(rows, batch_size=batch_size, seq_len=seq_len, pad_id=pad_id, end_label=end_label)
+
+
+def collate_numpy(rows: List[Row], *, batch_size: int, seq_len: int, pad_id: int,
+                  end_label: Optional[int] = None) -> Dict[str, torch.Tensor]:
+    """`collate_rows` in numpy, for rows of any dtype (and where the C core is not built).
 
     Vectorized over the whole batch: each row is cut into pieces (its segments, then its
     padding run if any), and the pieces of all rows, which tile the (B, C) block exactly,

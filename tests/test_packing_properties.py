@@ -7,11 +7,16 @@ order kept, and the mode's promises checked row by row.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings, strategies as st
 
 from tokenloom.pipes import BestFitPack, FlatPack, TokenDoc, collate_rows
+from tokenloom.pipes import batch as batch_module
+from tokenloom.pipes.batch import collate_numpy
 from tokenloom.pipes.pack import _packcore_py
 from tokenloom.pipes.pack import core as pack_core
 from tokenloom.pipes.sources.memory import FromList
@@ -275,9 +280,59 @@ def test_collate_matches_the_per_row_statement(rows, seq_len, extra_rows, end_la
     B = len(built) + extra_rows
     if B == 0:
         return
-    got = collate_rows(built, batch_size=B, seq_len=seq_len, pad_id=7, end_label=end_label)
     want = collate_rows_per_row(built, batch_size=B, seq_len=seq_len, pad_id=7, end_label=end_label)
-    for key, w in want.items():
-        g = got[key].numpy()
-        assert g.dtype == (np.asarray(w).dtype if key not in ("max_seqlen", "num_seqs") else np.int32), key
-        np.testing.assert_array_equal(g, w, err_msg=key)
+    impls = [collate_rows, collate_numpy]
+    for impl in impls:
+        got = impl(built, batch_size=B, seq_len=seq_len, pad_id=7, end_label=end_label)
+        for key, w in want.items():
+            g = got[key].numpy()
+            assert g.dtype == (np.asarray(w).dtype if key not in ("max_seqlen", "num_seqs") else np.int32), key
+            assert got[key].is_contiguous(), key
+            np.testing.assert_array_equal(g, w, err_msg=f"{impl.__name__}: {key}")
+
+
+@settings(max_examples=200, deadline=None)
+@given(lens=st.lists(st.lists(st.integers(0, 12), max_size=6), max_size=5), seq_len=st.integers(1, 16),
+       extra_rows=st.integers(0, 2), end_label=st.sampled_from([None, -100, 5]), pad_id=st.integers(-5, 5),
+       len_dtype=st.sampled_from([np.int32, np.int64]), tok_dtype=st.sampled_from([np.int32, np.int64]),
+       mask_kind=st.sampled_from([None, "bool", "uint8"]), seed=st.integers(0, 2**16))
+def test_collate_in_c_equals_numpy(lens, seq_len, extra_rows, end_label, pad_id, len_dtype, tok_dtype, mask_kind,
+                                   seed):
+    """The C collate and numpy's give the same tensors bit for bit, zero-length segments included;
+    rows of other dtypes (int64 tokens, a uint8 mask) go to numpy, which gives what it always did."""
+    from tokenloom.pipes.items import Row
+
+    C, rng = seq_len + 1, np.random.default_rng(seed)
+    built = []
+    for row in lens:
+        row = list(row)
+        while sum(row) > C:
+            row.pop()
+        toks = np.full(C, pad_id, tok_dtype)
+        toks[:sum(row)] = rng.integers(0, 1000, sum(row))
+        mask = None if mask_kind is None else (rng.random(C) < 0.7).astype(bool if mask_kind == "bool" else np.uint8)
+        built.append(Row(toks, np.array(row, len_dtype), mask, ("s",) * len(row)))
+    B = len(built) + extra_rows
+    if B == 0:
+        return
+    try:
+        want = collate_numpy(built, batch_size=B, seq_len=seq_len, pad_id=pad_id, end_label=end_label)
+    except ValueError as e:  # zero-length segments can overflow cu_seqlens' bound: both refuse
+        with pytest.raises(ValueError, match=re.escape(str(e))):
+            collate_rows(built, batch_size=B, seq_len=seq_len, pad_id=pad_id, end_label=end_label)
+        return
+    got = collate_rows(built, batch_size=B, seq_len=seq_len, pad_id=pad_id, end_label=end_label)
+    for key in want:
+        assert got[key].dtype == want[key].dtype and got[key].shape == want[key].shape, key
+        assert torch.equal(got[key], want[key]), key
+
+
+def test_collate_in_c_refuses_segments_longer_than_the_row():
+    """Segment lengths past the row's tokens are an error naming the row, not a write past the batch."""
+    from tokenloom.pipes.items import Row
+
+    if batch_module.IMPLEMENTATION != "c":
+        pytest.skip("the C collate is not built here")
+    bad = Row(np.zeros(5, np.int32), np.array([3, 3], np.int32), None, ("s", "s"))
+    with pytest.raises(ValueError, match="row 0 has segment lengths"):
+        collate_rows([bad], batch_size=1, seq_len=4, pad_id=0)
