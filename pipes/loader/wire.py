@@ -134,16 +134,68 @@ def _from_ring(token: str, offset: int, dtype: str, shape: Tuple[int, ...], wide
     return _Array(None if ring is None else ring.take(offset, dtype, shape, wide))
 
 
+def _is_plain_tensor(v: Any) -> bool:
+    return isinstance(v, torch.Tensor) and v.device.type == "cpu" and not v.requires_grad and v.dtype != torch.bfloat16
+
+
+def _placed_dict(batch: dict, ring: wire_ring.BatchRing) -> Optional[tuple]:
+    """A dict batch whose tensors all fit the ring now, as one entry per key in order:
+    ``(key, place, value)``, place ``(offset, dtype, shape, narrowed)`` for a tensor written to the
+    ring (value None), None for any other value (sent as `_to_numpy` makes it). None: they do not fit."""
+    arrays, keys = [], []
+    for k, v in batch.items():
+        if _is_plain_tensor(v):
+            a = v.numpy()
+            arrays.append((a, wire_ring.narrowable(a)))
+            keys.append(k)
+    placed = ring.put(arrays) if arrays else None
+    if placed is None:
+        return None
+    _, end, offsets = placed
+    where = {k: (off, np.dtype(np.int32 if wide else a.dtype).str, a.shape, wide)
+             for k, (a, wide), off in zip(keys, arrays, offsets)}
+    entries = tuple((k, where[k], None) if k in where else (k, None, _to_numpy(v)) for k, v in batch.items())
+    return ring.token, end, entries
+
+
+def _from_placed_dict(token: str, end: int, entries: tuple) -> Any:
+    """The batch of `_placed_dict`, its tensors copied out of the ring, which is then freed up to ``end``."""
+    ring = wire_ring.ring_of(token)
+    if ring is None:  # the ring of an iterator a newer one replaced (see _from_payload)
+        return {STALE_KEY: True}
+    out = {}
+    for key, place, value in entries:
+        if place is None:
+            out[key] = _to_torch(value, False)
+        else:
+            offset, dtype, shape, wide = place
+            out[key] = torch.from_numpy(ring.take(offset, dtype, shape, wide))
+    ring.free_to(end)
+    return out
+
+
 class WireBatch:
     """A batch in transit from a worker; it arrives (is unpickled) as the batch the graph built.
     Made with the worker's `wire_ring.BatchRing`, the arrays go through shared memory where
-    they fit."""
+    they fit.
 
-    __slots__ = ("payload", "_freed_to")
+    A dict batch whose tensors all fit (the graphs' batches) travels as one call that
+    rebuilds the dict (`_placed_dict`): no per-array object on either side, the ring looked up
+    once. Anything else travels as `_to_numpy` makes it, each array placed in the ring where
+    it fits."""
+
+    __slots__ = ("payload", "_freed_to", "_placed")
 
     def __init__(self, batch: Any, ring: Optional[wire_ring.BatchRing] = None):
-        self.payload = _to_numpy(batch)
         self._freed_to: Optional[Tuple[str, int]] = None
+        self._placed: Optional[tuple] = None
+        if ring is not None and ring.usable and type(batch) is dict:
+            self._placed = _placed_dict(batch, ring)
+            if self._placed is not None:
+                self.payload = batch
+                self._freed_to = (ring.token, self._placed[1])
+                return
+        self.payload = _to_numpy(batch)
         if ring is not None and ring.usable:
             arrays = _arrays(self.payload, [])
             placed = ring.put([(x.array, x.wide) for x in arrays]) if arrays else None
@@ -154,10 +206,14 @@ class WireBatch:
                 self._freed_to = (ring.token, end)
 
     def __reduce__(self):
+        if self._placed is not None:
+            return _from_placed_dict, self._placed
         return _from_payload, (self.payload, self._freed_to)
 
     def tensors(self) -> Any:
         """The batch as it arrives, without crossing a process (tests)."""
+        if self._placed is not None:
+            return dict(self.payload)
         return _from_payload(self.payload, None)
 
 
