@@ -105,3 +105,42 @@ def test_the_loader_keeps_the_start_method_and_uses_direct_queues(given, tmp_pat
                           num_workers=2, epochs=1, **kwargs)
         assert isinstance(loader.multiprocessing_context, DirectForkContext)
         assert sum(1 for _ in loader) > 10
+
+
+def test_a_waiting_message_is_read_without_polling_the_pipe():
+    """get(timeout=...) reads a message that is already in the pipe straight away; with nothing
+    unread it is multiprocessing's get, which waits and raises Empty."""
+    q = direct_context("fork").Queue()
+    q.put(("waiting", 1))
+
+    def no_poll(timeout=0.0):
+        raise AssertionError("polled although a message was waiting")
+
+    real, q._poll = q._poll, no_poll
+    assert q.get(timeout=5) == ("waiting", 1)
+    q._poll = real
+    with pytest.raises(queue.Empty):
+        q.get(timeout=0.1)
+    q.put("next")
+    assert q.get(timeout=5) == "next"
+
+
+def test_without_the_pipe_internals_it_is_multiprocessings_queue(monkeypatch, tmp_path, tok_path):
+    """Where the pipe cannot be measured (another platform or Python), every put goes through the
+    feeder thread and every get is multiprocessing's: the loader's batches are the same."""
+    from tokenloom.pipes.compat import mp_queue
+
+    write_corpus(str(tmp_path / "d"), synthetic_texts(200, seed=2), files=2, row_group_size=25)
+
+    def batches():
+        loader = pretrain(str(tmp_path / "d" / "*.parquet"), tokenizer=tok_path, seq_len=31, batch_size=2,
+                          num_workers=2, epochs=1)
+        return [b["input_ids"] for b in loader]
+
+    direct = batches()
+    monkeypatch.setattr(mp_queue, "_pipe_capacity", lambda q: None)
+    q = direct_context("fork").Queue()
+    q.put("through the feeder")
+    assert q._capacity is None and q._thread is not None and q.get(timeout=5) == "through the feeder"
+    plain = batches()
+    assert len(direct) == len(plain) > 10 and all(torch.equal(a, b) for a, b in zip(direct, plain))

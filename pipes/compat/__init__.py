@@ -13,8 +13,9 @@ each fallback.
   batches through the pipe instead of shared memory, torchdata's own snapshots, workers left to
   the garbage collector.
 - `mp_queue` (CPython 3.9-3.13 ``multiprocessing.queues.Queue``: ``_wlock``, ``_writer``,
-  ``_send_bytes``, ``_sem``, ``_closed``, ``_reset``): a loader queue that writes small messages
-  without its feeder thread. Fallback: a plain ``multiprocessing.Queue``.
+  ``_send_bytes``, ``_sem``, ``_closed``, ``_reset``, ``_rlock``, ``_reader``, ``_poll``,
+  ``_recv_bytes``): a loader queue that writes small messages without its feeder thread and reads
+  a waiting message without polling. Fallback: a plain ``multiprocessing.Queue``.
 - `tiktoken` (``Encoding._core_bpe``): ids written into one buffer. Fallback: ``encode_ordinary``.
 - `accelerate`: the name Accelerate reads on a prepared DataLoader (``_is_accelerate_prepared``).
 """

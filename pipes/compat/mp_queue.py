@@ -16,6 +16,11 @@ does every later message until the feeder has written all it was given, so messa
 keep their order. Where the room cannot be measured (not Linux, or a queue whose
 internals differ from what this module expects) it is a plain `multiprocessing.Queue`.
 
+`DirectQueue.get` with a timeout (how torch's loops read both queues) reads a message that is
+already in the pipe without building the selector multiprocessing polls through on each
+call; one ioctl tells whether anything is unread. With nothing unread it is multiprocessing's
+get, which waits.
+
 What it saves per batch: docs/performance.md ("Design figures, by module"), measured by
 benchmarks/cache.py's loader.
 """
@@ -30,6 +35,7 @@ import queue
 import struct
 import sys
 import threading
+import time
 from multiprocessing.reduction import ForkingPickler
 from typing import Any, Dict, Optional
 
@@ -43,7 +49,7 @@ except ImportError:  # not a POSIX system: the feeder thread always
     fcntl = None  # type: ignore[assignment]
 
 #: What `DirectQueue` uses of `multiprocessing.queues.Queue`'s internals (Python 3.9-3.13).
-_USES = ("_closed", "_sem", "_wlock", "_writer", "_send_bytes", "_reset")
+_USES = ("_closed", "_sem", "_wlock", "_writer", "_send_bytes", "_reset", "_rlock", "_reader", "_poll", "_recv_bytes")
 _HEADER = 4  # Connection.send_bytes' length prefix (messages under 2 GiB)
 _LOCK_WAIT = 0.001  # seconds: a direct write holds the lock for microseconds
 
@@ -101,6 +107,34 @@ class DirectQueue(mpq.Queue):
         # It does not fit now: the feeder thread writes it once the reader has made room.
         self._sem.release()
         super().put(_Pickled(bytes(data)), block, timeout)
+
+    def get(self, block: bool = True, timeout: Optional[float] = None) -> Any:
+        # torch's loops call get(timeout=...) for every message (the training process for each
+        # batch, a worker for each index). multiprocessing then polls the pipe through a selector
+        # it builds and registers per call; a message is usually waiting already, and one ioctl
+        # says so. Otherwise (nothing unread, or another form of get) it is multiprocessing's get.
+        if self._capacity is None or not block or timeout is None or not self._unread():
+            return super().get(block, timeout)
+        if self._closed:
+            raise ValueError(f"Queue {self!r} is closed")
+        deadline = time.monotonic() + timeout
+        if not self._rlock.acquire(True, timeout):
+            raise queue.Empty
+        try:
+            # Another reader may have taken what was unread while this one waited for the lock.
+            if not self._unread() and not self._poll(max(deadline - time.monotonic(), 0)):
+                raise queue.Empty
+            data = self._recv_bytes()
+            self._sem.release()
+        finally:
+            self._rlock.release()
+        return ForkingPickler.loads(data)
+
+    def _unread(self) -> int:
+        try:
+            return struct.unpack("i", fcntl.ioctl(self._reader.fileno(), _FIONREAD, b"\0\0\0\0"))[0]
+        except (OSError, ValueError):  # closed here: multiprocessing's get says so
+            return 0
 
     def _room(self) -> int:
         unread = struct.unpack("i", fcntl.ioctl(self._writer.fileno(), _FIONREAD, b"\0\0\0\0"))[0]
