@@ -127,6 +127,26 @@ def test_batches_through_the_ring_wrap_around_and_free_their_space():
     assert head == tail > 6 * one  # every batch freed its space; the ring went round more than twice
 
 
+@pytest.mark.parametrize("core", ["c", "numpy"])
+def test_int64_arrays_travel_narrowed_exactly_when_their_values_fit(core, monkeypatch):
+    """In the ring an int64 array goes as int32 when every value fits (checked as it is copied, in
+    one pass in C or by numpy's min and max), else as int64; both arrive bitwise as they left."""
+    from tokenloom.pipes.loader import wire_ring
+
+    if core == "numpy":
+        monkeypatch.setattr(wire_ring, "_narrowcore", None)
+    elif wire_ring._narrowcore is None:
+        pytest.skip("the C narrowing copy is not built here")
+    batch = dict(_batch(4), edge=torch.tensor([2**31 - 1, -2**31]), past=torch.tensor([0, -2**31 - 1]),
+                 strided=torch.arange(24).view(4, 6).t(), empty=torch.zeros(0, dtype=torch.int64))
+    ring = BatchRing(1 << 20)
+    w = WireBatch(batch, ring)
+    narrowed = {key: place[3] for key, place, _ in w._placed[2] if place is not None}
+    assert narrowed == {"input_ids": True, "labels": True, "segment_ids": False, "big": False, "max_seqlen": False,
+                        "edge": True, "past": False, "strided": True, "empty": False}
+    _same(unwrap(_through_queue(w)), batch)
+
+
 def test_a_batch_that_does_not_fit_goes_through_the_pipe():
     ring = BatchRing(1024)
     w = WireBatch(_batch(1), ring)

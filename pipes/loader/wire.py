@@ -14,8 +14,9 @@ no copy), and the main process turns it back into the same tensors
 (``torch.from_numpy``, no copy): dtypes, shapes and values are bitwise the same.
 An int64 array whose values fit in int32 (token ids, labels, positions) travels
 as int32 and is widened on arrival: a batch's int64 arrays take half the bytes on
-the wire, and the workers' ready batches hold that much less memory, for a min/max
-and a copy per array on each side.
+the wire, and the workers' ready batches hold that much less memory, for a check and a
+copy per array on each side (into the ring, the check is made as the array is copied:
+one pass, `wire_ring`'s ``_narrowcore.c``).
 With ``pin_memory=True`` the loader's pin-memory thread calls
 `WireBatch.pin_memory`, so pinning stays off the training thread.
 
@@ -145,15 +146,14 @@ def _placed_dict(batch: dict, ring: wire_ring.BatchRing) -> Optional[tuple]:
     arrays, keys = [], []
     for k, v in batch.items():
         if _is_plain_tensor(v):
-            a = v.numpy()
-            arrays.append((a, wire_ring.narrowable(a)))
+            arrays.append((v.numpy(), None))  # int64 narrowed where its values fit, checked as it is copied
             keys.append(k)
     placed = ring.put(arrays) if arrays else None
     if placed is None:
         return None
-    _, end, offsets = placed
+    _, end, offsets, narrowed = placed
     where = {k: (off, np.dtype(np.int32 if wide else a.dtype).str, a.shape, wide)
-             for k, (a, wide), off in zip(keys, arrays, offsets)}
+             for k, (a, _), off, wide in zip(keys, arrays, offsets, narrowed)}
     entries = tuple((k, where[k], None) if k in where else (k, None, _to_numpy(v)) for k, v in batch.items())
     return ring.token, end, entries
 
@@ -200,7 +200,7 @@ class WireBatch:
             arrays = _arrays(self.payload, [])
             placed = ring.put([(x.array, x.wide) for x in arrays]) if arrays else None
             if placed is not None:
-                _, end, offsets = placed
+                _, end, offsets, _ = placed
                 for x, off in zip(arrays, offsets):
                     x.place = (ring.token, off)
                 self._freed_to = (ring.token, end)

@@ -35,6 +35,11 @@ from typing import Any, List, Optional, Tuple
 
 import numpy as np
 
+try:
+    from . import _narrowcore  # type: ignore[attr-defined]
+except ImportError:  # built without a C compiler: numpy's min, max and copy
+    _narrowcore = None
+
 _HEADER = 64  # head, tail (int64), then padding to a cache line
 _ALIGN = 64
 _I32 = np.iinfo(np.int32)
@@ -69,28 +74,41 @@ class BatchRing:
         return self._mm is not None
 
     # --- the worker's side --------------------------------------------------------
-    def put(self, arrays: List[Tuple[np.ndarray, bool]]) -> Optional[Tuple[int, int, List[int]]]:
-        """Write ``arrays`` (``(array, narrow)``: narrow an int64 array to int32 on the way);
-        returns ``(start, end, offsets)`` or None when they do not fit now."""
-        sizes = []
-        for a, narrow in arrays:
-            n = a.size * (4 if narrow else a.itemsize)
-            sizes.append(-(-n // _ALIGN) * _ALIGN)
-        need = sum(sizes)
-        head, tail = int(self._ctrl[0]), int(self._ctrl[1])
-        pos = head % self.capacity
-        skip = self.capacity - pos if pos + need > self.capacity else 0  # never split a batch at the wrap
-        if need == 0 or head + skip + need - tail > self.capacity:
-            return None
-        start = head + skip
-        offsets, at = [], start % self.capacity
-        for (a, narrow), size in zip(arrays, sizes):
-            dst = np.ndarray(a.shape, np.int32 if narrow else a.dtype, buffer=self._mm, offset=_HEADER + at)
-            np.copyto(dst, a, casting="unsafe" if narrow else "no")  # narrow: values checked to fit int32
-            offsets.append(at)
-            at += size
+    def put(self, arrays: List[Tuple[np.ndarray, Optional[bool]]]) -> Optional[Tuple[int, int, List[int], List[bool]]]:
+        """Write ``arrays``, ``(array, narrow)``: narrow True writes an int64 array as int32 (its
+        values known to fit), None narrows an int64 array if every value fits (checked as it is
+        copied), False writes it as it is. Returns ``(start, end, offsets, narrowed)`` or None
+        when they do not fit now."""
+        narrowed = [bool(n) if n is not None else _may_narrow(a) for a, n in arrays]
+        while True:
+            sizes = []
+            for (a, _), narrow in zip(arrays, narrowed):
+                n = a.size * (4 if narrow else a.itemsize)
+                sizes.append(-(-n // _ALIGN) * _ALIGN)
+            need = sum(sizes)
+            head, tail = int(self._ctrl[0]), int(self._ctrl[1])
+            pos = head % self.capacity
+            skip = self.capacity - pos if pos + need > self.capacity else 0  # never split a batch at the wrap
+            if need == 0 or head + skip + need - tail > self.capacity:
+                return None
+            start = head + skip
+            offsets, at, wide_after_all = [], start % self.capacity, None
+            for i, ((a, given), narrow, size) in enumerate(zip(arrays, narrowed, sizes)):
+                dst = np.ndarray(a.shape, np.int32 if narrow else a.dtype, buffer=self._mm, offset=_HEADER + at)
+                if not narrow:
+                    np.copyto(dst, a, casting="no")
+                elif given:
+                    np.copyto(dst, a, casting="unsafe")  # values checked to fit int32 by the caller
+                elif not _narrow_into(a, dst):
+                    wide_after_all = i
+                    break
+                offsets.append(at)
+                at += size
+            if wide_after_all is None:
+                break
+            narrowed[wide_after_all] = False  # a value past int32: lay the batch out again, that array wide
         self._ctrl[0] = start + need  # after the data: the reader looks only once the message arrives
-        return start, start + need, offsets
+        return start, start + need, offsets, narrowed
 
     # --- the training process's side ---------------------------------------------
     def take(self, offset: int, dtype: str, shape: Tuple[int, ...], widen: bool) -> np.ndarray:
@@ -108,6 +126,20 @@ def ring_of(token: str) -> Optional[BatchRing]:
 
 def make_rings(workers: int, capacity: int) -> List[BatchRing]:
     return [BatchRing(capacity) for _ in range(workers)]
+
+
+def _may_narrow(a: np.ndarray) -> bool:
+    return a.dtype == np.int64 and a.size > 0
+
+
+def _narrow_into(a: np.ndarray, dst: np.ndarray) -> bool:
+    """Copy int64 ``a`` into int32 ``dst`` if every value fits (one pass in C where built)."""
+    if _narrowcore is not None and a.flags.c_contiguous:
+        return _narrowcore.narrow(a, dst)
+    if not narrowable(a):
+        return False
+    np.copyto(dst, a, casting="unsafe")
+    return True
 
 
 def narrowable(a: np.ndarray) -> bool:
