@@ -382,10 +382,11 @@ class BestFitPack(Node[Row]):
         self._moved = True
         if self._replay_to:
             self._replay()
-        self._top_up()
+        ended = self._top_up()
         if not self._slot_of:
             raise StopIteration
-        out = self._slots.build_row(self._top_up, self._overdue())
+        # The buffer was just topped up: build_row need not ask again (nothing changes in between).
+        out = self._slots.build_row(self._top_up, self._overdue(), ended=ended)
         for seq in out.freed_seqs:
             del self._slot_of[seq]
             del self._docs[seq]

@@ -203,20 +203,22 @@ class Slots:
             self.free.append(s)
         self.occupied -= nfreed
 
-    def build_row(self, top_up: Callable[[], bool], forced: Sequence[int] = ()) -> PackedRow:
+    def build_row(self, top_up: Callable[[], bool], forced: Sequence[int] = (), ended: Optional[bool] = None) -> PackedRow:
         """Build one row. ``top_up()`` refills the buffer and returns whether upstream has
-        ended; it is called before placing and again whenever nothing fits after documents
-        left the buffer, so gaps are only cut, cropped or padded from a full buffer.
+        ended; it is called before placing (unless the caller just did: ``ended``, what it
+        returned) and again whenever nothing fits after documents left the buffer, so gaps
+        are only cut, cropped or padded from a full buffer.
         ``forced`` are overdue slots, oldest first, placed at the row start while they fit.
         Tokens past the segments are zero (the caller pads)."""
         pos = nseg = 0
         discarded = cut = 0
         sources: List[str] = []
         freed_seqs: List[int] = []
-        ended = top_up()
+        if ended is None:
+            ended = top_up()
         self._flush()
         use_mask = self.masked > 0
-        forced_arr = np.asarray(forced, dtype=np.int32)
+        forced_arr = np.asarray(forced, dtype=np.int32) if forced else _NO_SLOTS
         nforced = len(forced_arr)
         while True:
             before = nseg
@@ -242,6 +244,9 @@ class Slots:
         mask = self._rowmask.astype(bool) if use_mask else None
         return PackedRow(self._row.copy(), mask, self._seglen[:nseg].copy(), tuple(sources), int(discarded),
                          int(cut), freed_seqs, self._segoff[:nseg] == 0)
+
+
+_NO_SLOTS = np.zeros(0, np.int32)
 
 
 class PackedRow(NamedTuple):
