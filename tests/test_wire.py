@@ -244,6 +244,23 @@ def test_flat_snapshots_give_torchdatas_states_at_every_step(corpus, tok_path, m
     assert snapshot.nested_snapshot({}) == {}
 
 
+def test_the_main_state_is_torchdatas_at_every_step(corpus, tok_path):
+    """The main state taken with each index (its sampler asked once whether it is Stateful) is,
+    at every step and in a second round, what torchdata's own _get_main_state gives."""
+    import functools
+
+    loader = pretrain(corpus[0], tokenizer=tok_path, seq_len=63, batch_size=2, buffer_size=16, seed=1, num_workers=2,
+                      epochs=1, persistent_workers=True)
+    steps = 0
+    for _ in range(2):
+        for _ in iter(loader):
+            it = loader._iterator
+            assert isinstance(it._get_main_state, functools.partial)  # installed
+            assert it._get_main_state() == type(it)._get_main_state(it)
+            steps += 1
+    assert steps > 10
+
+
 def test_flat_snapshots_only_where_torchdata_is_as_expected(corpus, tok_path, monkeypatch):
     """The flat snapshots rely on torchdata internals: they are checked on first use (a changed
     torchdata keeps its own per-step rebuild instead of failing at the first batch)."""
@@ -258,6 +275,7 @@ def test_flat_snapshots_only_where_torchdata_is_as_expected(corpus, tok_path, mo
     it = iter(loader)
     next(it)
     assert type(loader._iterator._snapshot["_worker_snapshots"]) is dict  # torchdata's own, nested
+    assert "_get_main_state" not in vars(loader._iterator)  # and its own main state
     assert loader.state_dict()
 
 

@@ -8,10 +8,11 @@ each fallback.
 
 - `torchdata` (torchdata 0.11, pinned ``<0.12``): ``StatefulDataLoader._get_iterator`` and
   ``_iterator`` (the hook where workers are forked, and forgetting stopped workers),
-  ``_StatefulMultiProcessingDataLoaderIter._update_snapshot`` and ``_shutdown_workers``, and
-  ``incremental_state``'s ``_IncrementalWorkerState`` (worker snapshots kept flat). Fallback:
-  batches through the pipe instead of shared memory, torchdata's own snapshots, workers left to
-  the garbage collector.
+  ``_StatefulMultiProcessingDataLoaderIter._update_snapshot``, ``_get_main_state`` and
+  ``_shutdown_workers``, and ``incremental_state``'s ``_IncrementalWorkerState`` (worker snapshots
+  kept flat, the main state without a protocol check per step). Fallback: batches through the pipe
+  instead of shared memory, torchdata's own snapshots and main state, workers left to the garbage
+  collector.
 - `mp_queue` (CPython 3.9-3.13 ``multiprocessing.queues.Queue``: ``_wlock``, ``_writer``,
   ``_send_bytes``, ``_sem``, ``_closed``, ``_reset``, ``_rlock``, ``_reader``, ``_poll``,
   ``_recv_bytes``): a loader queue that writes small messages without its feeder thread and reads

@@ -12,6 +12,12 @@ loader's ``state_dict()`` runs. It relies on ``_update_snapshot`` and the
 torchdata's own rebuild stays), and tests/test_wire.py compares the states it gives with
 torchdata's own at every step. What the rebuild costs: docs/performance.md.
 
+The main state. With each index it sends, the iterator records its own state
+(``_get_main_state``), asking ``isinstance(obj, Stateful)`` of its sampler and the sampler's
+iterator: a runtime-checkable protocol, which Python 3.11 checks attribute by attribute at every
+call. `keep_snapshots_flat` also gives the iterator the same dict with that question asked once
+per object (`_StatefulOnce`), installed only if it equals torchdata's own on that iterator.
+
 A worker also hands torchdata its graph's state as one leaf (`WholeState`), not a nested dict:
 torchdata flattens every worker state into ``{key path: leaf}`` and compares it with the previous
 one at every step, in the worker, to send only what changed. Whole, it is one dict comparison,
@@ -43,7 +49,15 @@ from torchdata.stateful_dataloader.incremental_state import (
     _unflatten,
 )
 from torchdata.stateful_dataloader import StatefulDataLoader
-from torchdata.stateful_dataloader.stateful_dataloader import _StatefulMultiProcessingDataLoaderIter
+from torchdata.stateful_dataloader.stateful import Stateful
+from torchdata.stateful_dataloader.stateful_dataloader import (
+    _INDEX_SAMPLER_STATE,
+    _ITERABLEDATASET_LEN_CALLED,
+    _SAMPLER_ITER_STATE,
+    _SAMPLER_ITER_YIELDED,
+    _SHARED_SEED,
+    _StatefulMultiProcessingDataLoaderIter,
+)
 
 
 class WholeState:
@@ -130,13 +144,49 @@ def _internals_as_expected() -> bool:
 
 
 def keep_snapshots_flat(it: Any) -> Any:
-    """Make a multi-worker iterator keep its snapshots flat (see the module docstring)."""
+    """Make a multi-worker iterator keep its snapshots flat, and take its main state without asking
+    at every step whether its sampler is `Stateful` (see the module docstring)."""
     if flat_snapshots_ok() and isinstance(it, _StatefulMultiProcessingDataLoaderIter):
         # Through a weak proxy: a bound method stored on the iterator would be a reference
         # cycle, leaving the iterator (and its workers' shutdown) to the garbage collector, which
         # makes deleting a loader with persistent workers wait for the workers' exit timeouts.
-        it._update_snapshot = functools.partial(_update_snapshot_flat, weakref.proxy(it))
+        proxy = weakref.proxy(it)
+        it._update_snapshot = functools.partial(_update_snapshot_flat, proxy)
+        main_state = functools.partial(_main_state, proxy, _StatefulOnce())
+        if main_state() == type(it)._get_main_state(it):  # what torchdata's own gives, else its own stays
+            it._get_main_state = main_state
     return it
+
+
+class _StatefulOnce:
+    """``isinstance(obj, Stateful)``, asked once per object: ``Stateful`` is a runtime-checkable
+    protocol, which Python 3.11 checks attribute by attribute on every call, and torchdata
+    asks it of the sampler and its iterator at every step."""
+
+    __slots__ = ("_seen",)
+
+    def __init__(self):
+        self._seen: Dict[str, tuple] = {}
+
+    def state(self, name: str, obj: Any) -> Any:
+        seen = self._seen.get(name)
+        if seen is None or seen[0] is not obj:
+            seen = self._seen[name] = (obj, isinstance(obj, Stateful))
+        return obj.state_dict() if seen[1] else None
+
+
+def _main_state(self, once: _StatefulOnce) -> Dict[str, Any]:
+    # torchdata 0.11's _get_main_state with try_to_serialize's check made once per object;
+    # keep_snapshots_flat installs it only where it gives what torchdata's own gives.
+    return {
+        self._NUM_WORKERS: self._num_workers,
+        _SAMPLER_ITER_STATE: once.state("sampler_iter", self._sampler_iter),
+        _INDEX_SAMPLER_STATE: once.state("index_sampler", self._index_sampler),
+        _SAMPLER_ITER_YIELDED: self._sampler_iter_yielded,
+        _ITERABLEDATASET_LEN_CALLED: self._IterableDataset_len_called,
+        _SHARED_SEED: self._shared_seed,
+        self._BASE_SEED: self._base_seed,
+    }
 
 
 def nested_snapshot(inner: Dict[str, Any]) -> Dict[str, Any]:
