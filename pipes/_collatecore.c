@@ -21,7 +21,8 @@
 
 #define IGNORE_INDEX (-100)
 
-/* Is this buffer's format the one-letter struct code `want` (native byte order)? */
+/* Is this buffer's format one of the one-letter struct codes `codes` (native byte order), of `itemsize` bytes
+ * (a 4-byte integer is "i" or, where long is 32-bit, "l")? */
 static int format_is(const Py_buffer *v, const char *codes, Py_ssize_t itemsize) {
     const char *f = v->format ? v->format : "B";
     if (*f == '@' || *f == '=') f++;
@@ -48,7 +49,7 @@ static int bind_row(PyObject *row, RowBufs *r, Py_ssize_t C) {
         PyErr_Clear();
         return 0;
     }
-    if (!format_is(&r->tok, "i", 4) || r->tok.ndim != 1 || r->tok.len != C * 4) {
+    if (!format_is(&r->tok, "il", 4) || r->tok.ndim != 1 || r->tok.len != C * 4) {
         PyBuffer_Release(&r->tok);
         return 0;
     }
@@ -58,7 +59,7 @@ static int bind_row(PyObject *row, RowBufs *r, Py_ssize_t C) {
         return 0;
     }
     r->has_len = 1;
-    if (r->len.ndim != 1 || !(format_is(&r->len, "i", 4) || format_is(&r->len, "lq", 8))) {
+    if (r->len.ndim != 1 || !(format_is(&r->len, "il", 4) || format_is(&r->len, "lq", 8))) {
         release_row(r);
         return 0;
     }
