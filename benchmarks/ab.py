@@ -219,7 +219,9 @@ def main(argv=None) -> int:
 Command: `{command}` (writes `benchmarks/ab.json`, `benchmarks/ab.png`); {os.cpu_count()} CPUs, load average
 {[round(x, 2) for x in load]} at start. Before: {args.label}. `pretrain` of the demo corpus as two sources mixed
 70/30, bestfit, T={T}, B={B}, {WORKERS} workers, demo tokenizer; *fly* tokenizes on the fly, *cache* reads a token
-cache (tokens/s over {args.batches} batches after {WARMUP}), *resume* is build + `load_state_dict` (saved after 40 batches) to the first batch. {args.rounds}
+cache (tokens/s over {args.batches} batches after {WARMUP}), *resume* is build + `load_state_dict` (saved after 40 batches) to the first batch;
+*manpages* is `pretrain` on the fly as `held_out.py` runs it ({MAN_PAGES:,} English man pages, its 100k-id BPE, buffer
+1,000, the fastest engine installed). {args.rounds}
 interleaved rounds, each run in a fresh interpreter; *best*: each tree's best run; *median*: the median of the
 per-round ratios. *Same batches*: every run of both trees hashed the same batches.
 
