@@ -17,8 +17,8 @@ as int32 and is widened on arrival: a batch's int64 arrays take half the bytes o
 the wire, and the workers' ready batches hold that much less memory, for a check and a
 copy per array on each side (into the ring, the check is made as the array is copied:
 one pass, `wire_ring`'s ``_narrowcore.c``).
-With ``pin_memory=True`` the loader's pin-memory thread calls
-`WireBatch.pin_memory`, so pinning stays off the training thread.
+With ``pin_memory=True`` the DataLoader's pin-memory thread pins the batch dict as it
+arrives, so pinning stays off the training thread.
 
 Where the workers were forked, the arrays skip the pipe: each worker writes them
 into a shared-memory ring and the queue carries only their places

@@ -3,8 +3,10 @@
 Through the result queue a batch's bytes are copied five times: narrowed to int32,
 pickled, written into the pipe (a pipe buffer at a time, the writer waiting for the reader),
 read out of it, and widened back to int64. Here the worker writes each array once,
-narrowing as it goes, into a ring of shared memory made by the training process
-before it forks the worker, and the queue carries only where the arrays are; the
+narrowing as it goes (an int64 array whose values all fit int32, checked as it is
+copied: ``_narrowcore.c``, or numpy's min and max where it is not built), into a ring
+of shared memory made by the training process before it forks the worker, and the
+queue carries only where the arrays are; the
 training process widens them out of the ring (the copy it made anyway) and frees the
 space. That lowers the CPU per batch of both the training process and the workers
 (measured by `benchmarks/throughput.py`; see docs/performance.md).
