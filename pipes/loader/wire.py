@@ -61,9 +61,14 @@ def public_batch(batch: Any) -> Any:
     return {k: v for k, v in batch.items() if k != STATS_KEY}
 
 
+def _is_plain_tensor(v: Any) -> bool:
+    """A tensor numpy can view as it is: on the CPU, no autograd, not bfloat16."""
+    return isinstance(v, torch.Tensor) and v.device.type == "cpu" and not v.requires_grad and v.dtype != torch.bfloat16
+
+
 def _to_numpy(obj: Any) -> Any:
     if isinstance(obj, torch.Tensor):
-        if obj.device.type != "cpu" or obj.requires_grad or obj.dtype == torch.bfloat16:
+        if not _is_plain_tensor(obj):
             return obj
         a = obj.numpy()
         return _Array(a, wide=wire_ring.narrowable(a))
@@ -133,10 +138,6 @@ def _from_pipe(array: np.ndarray, wide: bool) -> _Array:
 def _from_ring(token: str, offset: int, dtype: str, shape: Tuple[int, ...], wide: bool) -> _Array:
     ring = wire_ring.ring_of(token)
     return _Array(None if ring is None else ring.take(offset, dtype, shape, wide))
-
-
-def _is_plain_tensor(v: Any) -> bool:
-    return isinstance(v, torch.Tensor) and v.device.type == "cpu" and not v.requires_grad and v.dtype != torch.bfloat16
 
 
 def _placed_dict(batch: dict, ring: wire_ring.BatchRing) -> Optional[tuple]:

@@ -146,7 +146,7 @@ def _narrow_into(a: np.ndarray, dst: np.ndarray) -> bool:
 
 def narrowable(a: np.ndarray) -> bool:
     """An int64 array whose values fit in int32 (token ids, labels, positions)."""
-    return a.dtype == np.int64 and a.size > 0 and _I32.min <= a.min() and a.max() <= _I32.max
+    return _may_narrow(a) and _I32.min <= a.min() and a.max() <= _I32.max
 
 
 def uses_fork(context: Any) -> bool:

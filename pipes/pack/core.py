@@ -218,7 +218,7 @@ class Slots:
             ended = top_up()
         self._flush()
         use_mask = self.masked > 0
-        forced_arr = np.asarray(forced, dtype=np.int32) if forced else _NO_SLOTS
+        forced_arr = np.asarray(forced, dtype=np.int32) if len(forced) else _NO_SLOTS
         nforced = len(forced_arr)
         while True:
             before = nseg
