@@ -41,6 +41,7 @@ from .envelope import (KEY_PREFIX, STATE_FORMAT, STATE_VERSION, decode_state,  #
                        decode_with_digest, digest_of, encode_state, lineage_of)
 from .fetch_ahead import FetchAhead
 from .iteration import StatsIterator, WorkerInit, identity
+from .stall import DEFAULT_STALL_TIMEOUT, StallWatch, check_stall_timeout
 from .tally import Tally
 from .node_dataset import GraphFactory, NodeDataset, ShardContext  # noqa: F401 (re-exported)
 from ..compat.accelerate import AcceleratePrepared
@@ -57,7 +58,9 @@ class TokenLoomLoader(AcceleratePrepared, IteratorHook, StatefulDataLoader):
     ``config`` is the plain dict of settings a saved state must match, ``config_hints`` what to
     tell the user per setting when it differs and ``config_follows`` the settings derived from
     others (config_check.py); ``settings`` is what the loader was built from (a recipe's spec),
-    for the commands that show it.
+    for the commands that show it. ``stall_timeout``: with workers, the seconds without a batch after
+    which the loop gets an error naming each worker's node and call, with their stacks (stall.py;
+    None: wait for ever); a ``timeout=`` of the user's is the bound instead.
     """
 
     #: The state's layout (envelope.py, docs/state.md).
@@ -78,7 +81,7 @@ class TokenLoomLoader(AcceleratePrepared, IteratorHook, StatefulDataLoader):
                  ring_bytes: Optional[int] = None, settings: Any = None,
                  config_hints: Optional[Mapping[str, str]] = None,
                  config_follows: Optional[Mapping[str, Any]] = None, config_absent: Optional[Mapping[str, Any]] = None,
-                 **loader_kwargs: Any):
+                 stall_timeout: Optional[float] = DEFAULT_STALL_TIMEOUT, **loader_kwargs: Any):
         for bad in ("batch_size", "shuffle", "sampler", "batch_sampler", "collate_fn", "drop_last"):
             if bad in loader_kwargs:
                 raise TypeError(f"{bad}= is decided by the node graph, not by the DataLoader; remove it")
@@ -96,8 +99,15 @@ class TokenLoomLoader(AcceleratePrepared, IteratorHook, StatefulDataLoader):
                     raise ValueError(f"{opt}= needs num_workers > 0 (got {num_workers=}); remove it or add workers")
                 loader_kwargs.pop(opt, None)
         dataset = NodeDataset(factory, rank=rank, world_size=world_size, num_workers=num_workers)
+        stall_timeout = check_stall_timeout(stall_timeout)
+        #: Where workers dump their stacks when no batch comes in time (stall.py); None without workers.
+        self.stall_watch: Optional[StallWatch] = None
+        if num_workers > 0 and (stall_timeout is not None or loader_kwargs.get("timeout", 0) > 0):
+            if not loader_kwargs.get("timeout", 0):
+                loader_kwargs["timeout"] = stall_timeout
+            self.stall_watch = StallWatch(float(loader_kwargs["timeout"]))
         if num_workers > 0:
-            loader_kwargs["worker_init_fn"] = WorkerInit(loader_kwargs.get("worker_init_fn"))
+            loader_kwargs["worker_init_fn"] = WorkerInit(loader_kwargs.get("worker_init_fn"), self.stall_watch)
             # Same start method; its queues write a batch's small message without a feeder thread.
             loader_kwargs["multiprocessing_context"] = direct_context(loader_kwargs.get("multiprocessing_context"))
         with warnings.catch_warnings():

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
 from ..tokenizer_threads import single_thread_tokenizers
 from ..compat.torchdata import stop_workers
+from .stall import TORCH_TIMEOUT, StallWatch
 from .wire import DROP_KEY, STALE_KEY, STALE_MESSAGE
 from .worker_memory import settle_worker_malloc
 
@@ -37,7 +38,12 @@ class StatsIterator:
                 batch = next(self._it)
             except StopIteration:
                 raise
-            except Exception:
+            except Exception as e:
+                watch = self._loader.stall_watch
+                if watch is not None and isinstance(e, RuntimeError) and TORCH_TIMEOUT in str(e):
+                    report = watch.report(self._loader.num_workers, self._loader.timeout)  # while they live
+                    self._stop_workers()
+                    raise RuntimeError(report) from e
                 self._stop_workers()
                 raise
             if isinstance(batch, dict) and (STALE_KEY in batch or DROP_KEY in batch):
@@ -108,16 +114,18 @@ def identity(x):
 
 class WorkerInit:
     """Runs in each worker process before the user's ``worker_init_fn``: exit with the training
-    process (worker_parent.py), flat memory (worker_memory.py) and one tokenizing thread per
-    worker (pipes/tokenizer_threads.py)."""
+    process (worker_parent.py), its stack dumped on request (``stall``, stall.py), flat memory
+    (worker_memory.py) and one tokenizing thread per worker (pipes/tokenizer_threads.py)."""
 
-    def __init__(self, user: Optional[Callable[[int], None]]):
-        self.user = user
+    def __init__(self, user: Optional[Callable[[int], None]], stall: Optional[StallWatch] = None):
+        self.user, self.stall = user, stall
 
     def __call__(self, worker_id: int) -> None:
         from .worker_parent import exit_with_parent
 
         exit_with_parent()  # first: a SIGKILLed training process must not leave its workers behind
+        if self.stall is not None:
+            self.stall.arm(worker_id)
         settle_worker_malloc()
         single_thread_tokenizers()
         if self.user is not None:
