@@ -91,8 +91,9 @@ def per_source_changes(key: str, old: Any, new: Any, hint: str) -> Optional[List
     return lines
 
 
-def check_loader_keywords(recipe: Any, loader_kwargs: Mapping[str, Any]) -> None:
-    """A recipe passes the keywords it does not take to torch's DataLoader; one neither knows
+def check_loader_keywords(recipe: Any, loader_kwargs: Mapping[str, Any], also: Sequence[str] = ()) -> None:
+    """A recipe passes the keywords it does not take to its loader (``also``: the loader's own, such
+    as ``stall_timeout``) and to torch's DataLoader; one none of them knows
     (``num_worker=2``) is a `TypeError` naming the recipe and the closest argument of either,
     here, rather than torch's ``__init__() got an unexpected keyword argument`` from deep inside."""
     import difflib
@@ -104,7 +105,7 @@ def check_loader_keywords(recipe: Any, loader_kwargs: Mapping[str, Any]) -> None
         return [p.name for p in inspect.signature(fn).parameters.values()
                 if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "self"]
 
-    loader_names = names(StatefulDataLoader.__init__)
+    loader_names = names(StatefulDataLoader.__init__) + list(also)
     unknown = [k for k in loader_kwargs if k not in loader_names]
     if not unknown:
         return
@@ -114,6 +115,7 @@ def check_loader_keywords(recipe: Any, loader_kwargs: Mapping[str, Any]) -> None
     for k in unknown:
         close = difflib.get_close_matches(k, known, n=1, cutoff=0.6)
         lines.append(f"{k}={loader_kwargs[k]!r}" + (f" (did you mean {close[0]}=?)" if close else ""))
+    own = f" and the loader's ({', '.join(f'{a}=' for a in also)})" if also else ""
     raise TypeError(f"{recipe.__name__}() got unexpected keyword argument(s): {', '.join(lines)}; it takes its own "
-                    f"arguments and those of torch's DataLoader (prefetch_factor=, pin_memory=, "
-                    f"persistent_workers=, timeout=, ...)")
+                    f"arguments, those of torch's DataLoader (prefetch_factor=, pin_memory=, "
+                    f"persistent_workers=, timeout=, ...){own}")

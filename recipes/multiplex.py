@@ -244,7 +244,7 @@ def multiplex(
     **loader_kwargs: Any,
 ) -> TokenLoomLoader:
     """Build the multiplexed loader (see the module docstring and `MultiplexSpec` for every setting)."""
-    check_loader_keywords(multiplex, loader_kwargs)
+    check_loader_keywords(multiplex, loader_kwargs, also=TokenLoomLoader.USER_KEYWORDS)
     spec = MultiplexSpec(**{k: v for k, v in locals().items() if k in SETTINGS}).validate()
     rank, world_size = dist_rank_world(spec.rank, spec.world_size)
     spec = dataclasses.replace(spec, rank=rank, world_size=world_size)

@@ -86,7 +86,7 @@ def pretrain(
     either way; a unit it lacks is tokenized (``stats()["sources"][name]["tokenized"]``), or refused
     with ``cache_strict=True``.
     """
-    check_loader_keywords(pretrain, loader_kwargs)
+    check_loader_keywords(pretrain, loader_kwargs, also=TokenLoomLoader.USER_KEYWORDS)
     settings = {k: v for k, v in locals().items() if k in SETTINGS}
     return packed_loader(PackedSpec.of("pretrain", **settings), loader_kwargs)
 

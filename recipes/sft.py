@@ -76,7 +76,7 @@ def sft(
     the template's trained end token is the stop signal, and nothing is trained across
     conversations. ``pad``: the token string or id of padding ``input_ids`` (default: 0).
     """
-    check_loader_keywords(sft, loader_kwargs)
+    check_loader_keywords(sft, loader_kwargs, also=TokenLoomLoader.USER_KEYWORDS)
     spec = PackedSpec.of("sft", **{k: v for k, v in locals().items() if k in SETTINGS}).validate()
     encoder = load_encoder(tokenizer, engine)
     chat = choose_template(template, encoder, bos)

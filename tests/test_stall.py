@@ -137,3 +137,14 @@ def test_where_reads_a_faulthandler_dump():
     assert node == "pipes/tokenize.py, line 110"
     assert call == "encode_batch_flat (fastokens/__init__.py, line 9)"
     assert where("") == ("unknown (no stack dumped)", "unknown")
+
+
+def test_the_recipes_take_the_bound(corpus, tok_path):
+    from tokenloom.recipes import pretrain
+
+    glob, _ = corpus
+    loader = pretrain(glob, tokenizer=tok_path, seq_len=63, batch_size=2, num_workers=2, epochs=1, stall_timeout=9)
+    assert loader.stall_watch.bound == 9 and loader.timeout == 9
+    assert pretrain(glob, tokenizer=tok_path, seq_len=63, batch_size=2, num_workers=2, stall_timeout=None).timeout == 0
+    with pytest.raises(TypeError, match="did you mean stall_timeout="):
+        pretrain(glob, tokenizer=tok_path, stall_timout=3)

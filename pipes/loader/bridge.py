@@ -74,6 +74,8 @@ class TokenLoomLoader(AcceleratePrepared, IteratorHook, StatefulDataLoader):
     #: Accelerate saves and loads this loader's own state_dict() with save_state/load_state, and
     #: keeps the loader as it is (compat/accelerate.py, tokenloom/integrations/accelerate.py).
     use_stateful_dataloader = True
+    #: The loader's own keywords a recipe passes on from its caller (besides torch's DataLoader's).
+    USER_KEYWORDS = ("stall_timeout",)
     def __init__(self, factory: GraphFactory, *, config: Mapping[str, Any], rank: int = 0, world_size: int = 1,
                  num_workers: int = 0, stats_keys: Sequence[str] = (), stats_min_keys: Sequence[str] = (),
                  stats_view: Optional[Callable[[Dict[str, int], int], Dict[str, Any]]] = None,
