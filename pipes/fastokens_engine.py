@@ -13,6 +13,13 @@ the verdict per file content (tokenizer_cache.py) and chooses among the engines 
 threads; in a loader worker, where the workers are the parallelism, it is told to use one
 (`single_thread`, called with the other tokenizers' switch, tokenizer_threads.py). The tokenizer is
 built once per process from the serialized tokenizer.json the worker receives.
+
+Building a 100k-id tokenizer takes fastokens a second or more, longer than a whole first batch. So the
+process that encodes builds it in a background thread (`ready` starts it; fastokens releases the GIL
+while it builds) and, until it is built, the Encoder encodes with a stand-in engine whose verdict says it
+gives the same ids (tokenizer.py); nothing waits for the slowest engine to load. The training process
+never builds it for its workers: a worker builds its own, so no fastokens state (its thread pool, its
+allocator's threads) is made in the training process on the loader's account before a fork.
 """
 
 from __future__ import annotations
@@ -31,6 +38,9 @@ INSTALL_HINT = "pip install 'tokenloom[fast]'"
 
 _lock = threading.Lock()
 _built: Dict[int, Tuple[str, Any]] = {}  # by id of the payload's hash key: (payload, tokenizer)
+# Builds under way in this process, by the payload's hash: (payload, the thread, [exception] once failed).
+_building: Dict[int, Tuple[str, threading.Thread, List[BaseException]]] = {}
+_pid = os.getpid()  # a build thread does not survive a fork: a child starts its own
 
 
 def version() -> Optional[str]:
@@ -59,6 +69,45 @@ def build(payload: str) -> Any:
     with _lock:
         _built[key] = (payload, tok)
     return tok
+
+
+def ready(payload: str) -> Optional[Any]:
+    """The fastokens tokenizer of a tokenizer.json text if it is built in this process, else None, and
+    its build is then under way in a background thread (started by the first call). A build that
+    failed raises its error here, once the thread has ended."""
+    global _pid
+    key = hash(payload)
+    with _lock:
+        found = _built.get(key)
+        if found is not None and found[0] == payload:
+            return found[1]
+        if _pid != os.getpid():  # forked: the parent's build threads are not in this process
+            _building.clear()
+            _pid = os.getpid()
+        going = _building.get(key)
+        if going is not None and going[0] == payload:
+            if going[2]:
+                raise going[2][0]
+            return None
+        failed: List[BaseException] = []
+        thread = threading.Thread(target=_build_into, args=(payload, failed), name="tokenloom-fastokens-build",
+                                  daemon=True)
+        _building[key] = (payload, thread, failed)
+    thread.start()
+    return None
+
+
+def _build_into(payload: str, failed: List[BaseException]) -> None:
+    try:
+        # At the lowest CPU priority (Linux sets it per thread): the stand-in's encoding of the first
+        # batches goes first, and the build takes the cycles the workers leave idle.
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    except (AttributeError, OSError):
+        pass
+    try:
+        build(payload)
+    except BaseException as e:  # noqa: BLE001 - handed to the encoding thread by `ready`
+        failed.append(e)
 
 
 def encode_batch(tok: Any, texts: Sequence[str]) -> List[np.ndarray]:

@@ -90,8 +90,13 @@ class Encoder:
         if self.engine == "fastokens":  # a worker builds the tokenizer once, from the payload it was sent
             from . import fastokens_engine
 
-            return fastokens_engine.encode_batch(fastokens_engine.build(self._payload), texts)
-        if self.engine == "tiktoken" and self.kind == "hf":  # a worker rebuilds the Encoding once
+            if not self._stand_in():
+                return fastokens_engine.encode_batch(fastokens_engine.build(self._payload), texts)
+            tok = fastokens_engine.ready(self._payload)
+            if tok is not None:
+                return fastokens_engine.encode_batch(tok, texts)
+            # fastokens is still being built in the background: the same ids from tiktoken meanwhile
+        if self.engine in ("tiktoken", "fastokens") and self.kind == "hf":  # a worker rebuilds the Encoding once
             from . import tiktoken_bpe
 
             return tiktoken_bpe.encode_batch(tiktoken_bpe.encoding(self._payload, self._cached_parts), texts)
@@ -102,16 +107,26 @@ class Encoder:
         return [np.asarray(ids, dtype=np.int32) for ids in out]
 
     def prepare(self) -> None:
-        """Build what encoding needs now (the fastokens tokenizer or the tiktoken encoding of a
-        tokenizer.json): loader workers forked afterwards inherit it instead of each building its own."""
-        if self.engine == "fastokens":
+        """Build what encoding needs first, now, in the training process: loader workers forked
+        afterwards inherit it instead of each building its own. That is the tiktoken encoding of a
+        tokenizer.json, for tiktoken and as fastokens' stand-in while each worker builds fastokens
+        in the background (fastokens_engine.py); only where nothing stands in is the fastokens
+        tokenizer itself built here."""
+        if self.engine == "fastokens" and not self._stand_in():
             from . import fastokens_engine
 
             fastokens_engine.build(self._payload)
-        if self.engine == "tiktoken" and self.kind == "hf":
+        elif self.engine in ("tiktoken", "fastokens") and self.kind == "hf":
             from . import tiktoken_bpe
 
             tiktoken_bpe.encoding(self._payload, self._cached_parts)
+
+    def _stand_in(self) -> bool:
+        """Whether tiktoken may encode while fastokens is being built: its verdict says it gives
+        tokenizers' ids for this file, and it is not switched off."""
+        from .tiktoken_bpe import switched_off
+
+        return bool(self.verdicts.get("tiktoken", (False, ""))[0]) and not switched_off()
 
     def _cached_parts(self) -> Any:
         if self._entry is None or self._facts is None:

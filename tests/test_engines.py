@@ -258,3 +258,82 @@ def test_the_token_cache_is_bitwise_the_same_whichever_engine_builds_it(corpus, 
         assert files.keys() == built["tokenizers"].keys(), engine
         for name in files:
             assert files[name] == built["tokenizers"][name], (engine, name)
+
+
+# --- a fast start: nothing waits for fastokens to load (issue 42) -------------------------------
+
+@needs_fastokens
+@pytest.mark.skipif(not HAVE_TIKTOKEN, reason="tiktoken stands in while fastokens builds")
+def test_tiktoken_stands_in_while_fastokens_is_built_then_fastokens_encodes(tok_path, monkeypatch):
+    """The first batches do not wait for fastokens' build: it runs in the background and tiktoken,
+    whose verdict gives the same ids, encodes meanwhile; once built, fastokens encodes."""
+    import threading
+
+    enc = load_encoder(tok_path, engine="fastokens")
+    texts = _texts(20)
+    want = [e.ids for e in enc.tok.encode_batch_fast(texts, add_special_tokens=False)]
+    release, real_build = threading.Event(), fastokens_engine.build
+    monkeypatch.setattr(fastokens_engine, "_built", {})
+    monkeypatch.setattr(fastokens_engine, "_building", {})
+
+    def slow_build(payload):
+        assert release.wait(60)
+        return real_build(payload)
+
+    used = []
+    real_encode = fastokens_engine.encode_batch
+    monkeypatch.setattr(fastokens_engine, "build", slow_build)
+    monkeypatch.setattr(fastokens_engine, "encode_batch", lambda tok, t: used.append("fastokens") or real_encode(tok, t))
+    for _ in range(3):  # fastokens still building: the same ids, from tiktoken
+        assert [a.tolist() for a in enc.encode_batch(texts)] == want
+    assert used == []
+    release.set()
+    deadline = __import__("time").monotonic() + 60
+    while fastokens_engine.ready(enc._payload) is None:
+        assert __import__("time").monotonic() < deadline, "fastokens was never built"
+        __import__("time").sleep(0.05)
+    assert [a.tolist() for a in enc.encode_batch(texts)] == want
+    assert used == ["fastokens"]
+
+
+@needs_fastokens
+def test_a_build_that_fails_in_the_background_is_raised_where_encoding_asks(tok_path, monkeypatch):
+    enc = load_encoder(tok_path, engine="fastokens")
+    monkeypatch.setattr(fastokens_engine, "_built", {})
+    monkeypatch.setattr(fastokens_engine, "_building", {})
+
+    def broken(payload):
+        raise RuntimeError("cannot build it")
+
+    monkeypatch.setattr(fastokens_engine, "build", broken)
+    with pytest.raises(RuntimeError, match="cannot build it"):
+        for _ in range(200):
+            enc.encode_batch(["some text"])
+            __import__("time").sleep(0.02)
+
+
+FIRST_BATCH_IN_PARENT = textwrap.dedent("""
+    import sys, time
+    from tokenloom.recipes import pretrain
+    loader = pretrain(sys.argv[1], tokenizer=sys.argv[2], seq_len=63, batch_size=2, num_workers=2)
+    assert loader.dataset.factory.encoder.engine == "fastokens", loader.dataset.factory.encoder.engine_note
+    next(iter(loader))
+    print("fastokens" in sys.modules)
+""")
+
+
+@needs_fastokens
+@pytest.mark.skipif(not HAVE_TIKTOKEN, reason="tiktoken stands in while fastokens builds")
+def test_the_training_process_does_not_build_fastokens_for_its_workers(corpus, tok_path, tmp_path):
+    """With the verdicts cached, a loader with workers and its first batch never load fastokens in the
+    training process: each worker builds its own (no second of build in the training process, and no
+    fastokens thread pool made there on the loader's account before the fork)."""
+    env = {k: v for k, v in os.environ.items() if k not in (ENV_ENGINE, "TOKENLOOM_TIKTOKEN")}
+    env["TOKENLOOM_CACHE"] = str(tmp_path / "cache")
+    load = [sys.executable, "-c", "import sys; from tokenloom.pipes.tokenizer import load_encoder; "
+            "print(load_encoder(sys.argv[1]).engine)", tok_path]
+    assert subprocess.run(load, env=env, capture_output=True, text=True, timeout=120).stdout.strip() == "fastokens"
+    out = subprocess.run([sys.executable, "-c", FIRST_BATCH_IN_PARENT, corpus["code"], tok_path], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "False"
