@@ -126,23 +126,61 @@ def single_thread() -> None:
 
 def verdict(payload: str, reference: Any, sample: Optional[Sequence[str]] = None) -> Tuple[bool, str]:
     """(whether fastokens gives `reference`'s ids for this tokenizer.json text, why). ``reference``
-    is the `tokenizers.Tokenizer` the loader would use otherwise (special-token spellings as text)."""
+    is the `tokenizers.Tokenizer` the loader would use otherwise (special-token spellings as text).
+    fastokens runs in a child process (`sample_ids`): the check leaves no fastokens thread pool in
+    the training process for loader workers to be forked from (loader/fork_guard.py)."""
     if version() is None:
         return False, f"fastokens is not installed ({INSTALL_HINT} is faster)"
-    try:
-        tok = build(payload)
-    except Exception as e:  # noqa: BLE001 - an unsupported normalizer or pre-tokenizer, a bad file
-        return False, f"fastokens cannot load it: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
     texts = list(sample) if sample is not None else sample_texts(reference)
-    try:
-        ours = encode_batch(tok, texts)
-    except Exception as e:  # noqa: BLE001
-        return False, f"fastokens failed on the sample: {type(e).__name__}: {e}"
+    ours = sample_ids(payload, texts)
+    if isinstance(ours, str):
+        return False, ours
     differs = first_difference(ours, reference, texts)
     if differs:
         return False, f"fastokens' {differs}"
     size = sum(len(t.encode("utf-8", "surrogatepass")) for t in texts)
     return True, f"same ids as tokenizers on a {size / 1024:.0f} KB sample"
+
+
+_SAMPLE_CHILD = """
+import json, sys
+job = json.loads(sys.stdin.read())
+try:
+    import fastokens
+    tok = fastokens.Tokenizer.from_json_str(job["payload"])
+except Exception as e:
+    print(json.dumps({"error": "fastokens cannot load it: %s: %s" % (type(e).__name__, str(e).splitlines()[0][:200])}))
+    sys.exit(0)
+try:
+    ids, offsets = tok.encode_batch_flat(job["texts"], add_special_tokens=False, split_special_tokens=True)
+except Exception as e:
+    print(json.dumps({"error": "fastokens failed on the sample: %s: %s" % (type(e).__name__, e)}))
+    sys.exit(0)
+print(json.dumps({"ids": bytes(ids).hex(), "offsets": bytes(offsets).hex()}))
+"""
+
+
+def sample_ids(payload: str, texts: Sequence[str]) -> Any:
+    """fastokens' ids for ``texts`` (int32 arrays, as `encode_batch` gives them), worked out in a
+    child interpreter; or why it cannot give them (a str)."""
+    import json
+    import subprocess
+    import sys
+
+    job = json.dumps({"payload": payload, "texts": list(texts)}, ensure_ascii=False)
+    try:
+        out = subprocess.run([sys.executable, "-c", _SAMPLE_CHILD], input=job, capture_output=True, text=True,
+                             encoding="utf-8", errors="surrogatepass", timeout=300)
+    except subprocess.TimeoutExpired:
+        return "fastokens did not encode the sample within 300 s"
+    if out.returncode != 0 or not out.stdout.strip():
+        return f"fastokens failed on the sample (exit {out.returncode}): {out.stderr.strip()[-300:]}"
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    if "error" in got:
+        return got["error"]
+    flat = np.frombuffer(bytes.fromhex(got["ids"]), dtype=np.int32)
+    ends = np.frombuffer(bytes.fromhex(got["offsets"]), dtype=np.uint64).tolist()
+    return [flat[a:b] for a, b in zip(ends[:-1], ends[1:])]
 
 
 def sample_texts(reference: Any) -> List[str]:

@@ -126,13 +126,13 @@ def test_a_tokenizer_fastokens_cannot_load_falls_back_and_says_why(tmp_path):
 
 @needs_fastokens
 def test_a_mismatch_on_the_sample_falls_back_and_says_where(tok_path, monkeypatch):
-    real = fastokens_engine.encode_batch
+    real = fastokens_engine.sample_ids
 
-    def off_by_one(tok, texts):  # a fastokens that encodes the fourth sample text differently
-        out = real(tok, texts)
+    def off_by_one(payload, texts):  # a fastokens that encodes the fourth sample text differently
+        out = real(payload, texts)
         return [a + 1 if i == 3 and len(a) else a for i, a in enumerate(out)]
 
-    monkeypatch.setattr(fastokens_engine, "encode_batch", off_by_one)
+    monkeypatch.setattr(fastokens_engine, "sample_ids", off_by_one)
     enc = load_encoder(tok_path)
     assert enc.engine != "fastokens"
     assert "fastokens: fastokens' ids differ from tokenizers on sample text #3 " in enc.engine_note
