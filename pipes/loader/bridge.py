@@ -27,6 +27,7 @@ the current round; keep one iterator to continue a stream.
 from __future__ import annotations
 
 import copy
+import logging
 import warnings
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence
 
@@ -41,6 +42,7 @@ from .envelope import (KEY_PREFIX, STATE_FORMAT, STATE_VERSION, decode_state,  #
                        decode_with_digest, digest_of, encode_state, lineage_of)
 from .fetch_ahead import FetchAhead
 from .iteration import StatsIterator, WorkerInit, identity
+from .fork_guard import picklable, unsafe_pools
 from .stall import DEFAULT_STALL_TIMEOUT, StallWatch, check_stall_timeout
 from .tally import Tally
 from .node_dataset import GraphFactory, NodeDataset, ShardContext  # noqa: F401 (re-exported)
@@ -49,6 +51,8 @@ from ..compat.torchdata import IteratorHook, current_iterator, keep_snapshots_fl
 from .wire import STATS_KEY
 from .wire_ring import make_rings, uses_fork
 from .worker_start import WORKER_START
+
+log = logging.getLogger("tokenloom")
 
 
 class TokenLoomLoader(AcceleratePrepared, IteratorHook, StatefulDataLoader):
@@ -108,6 +112,8 @@ class TokenLoomLoader(AcceleratePrepared, IteratorHook, StatefulDataLoader):
             if not loader_kwargs.get("timeout", 0):
                 loader_kwargs["timeout"] = stall_timeout
             self.stall_watch = StallWatch(float(loader_kwargs["timeout"]))
+        # A start method of the user's is kept; tokenloom's default may move off fork (fork_guard.py).
+        self._context_chosen = loader_kwargs.get("multiprocessing_context") is not None
         if num_workers > 0:
             loader_kwargs["worker_init_fn"] = WorkerInit(loader_kwargs.get("worker_init_fn"), self.stall_watch)
             # Same start method; its queues write a batch's small message without a feeder thread.
@@ -170,6 +176,7 @@ class TokenLoomLoader(AcceleratePrepared, IteratorHook, StatefulDataLoader):
         """``make()`` a new iterator (compat/torchdata.py's hook): its workers are forked in there, so
         their rings must exist first. Fresh rings for fresh workers, so the workers of an iterator
         still alive cannot write into the new ones."""
+        self._guard_fork()
         if self.ring_bytes and uses_fork(self.multiprocessing_context):
             self.dataset.rings = make_rings(self.num_workers, self.ring_bytes)
         if self.num_workers > 0 and uses_fork(self.multiprocessing_context):
@@ -185,6 +192,26 @@ class TokenLoomLoader(AcceleratePrepared, IteratorHook, StatefulDataLoader):
         finally:
             if self.num_workers > 0:
                 self.dataset.armed = False  # its workers are forked: later forks are not tokenloom's
+
+    def _guard_fork(self) -> None:
+        """Start this iterator's workers with forkserver where a fork would copy a native thread pool
+        of the training process that does not survive it (fork_guard.py); said once per loader."""
+        if self.num_workers == 0 or self._context_chosen or not uses_fork(self.multiprocessing_context):
+            return
+        pools = unsafe_pools()
+        if not pools:
+            return
+        if not picklable(self.dataset.factory):
+            warnings.warn(f"the training process runs {', '.join(pools)}, which a forked loader worker may wait on "
+                          "for ever, and the graph factory cannot be pickled for a worker started clean; workers are "
+                          "forked anyway (stall_timeout reports a stuck one): make the factory picklable, or build "
+                          "the loader before the training process uses that library", RuntimeWarning, stacklevel=3)
+            return
+        self.multiprocessing_context = direct_context("forkserver")
+        log.warning("tokenloom: the training process runs %s, which a forked worker could wait on for ever: this "
+                    "loader starts its workers with forkserver instead of fork (same batches; the first one waits "
+                    "for the fork server to start). Build the loader before using that library to keep fork, or "
+                    "pass multiprocessing_context= to choose.", ", ".join(pools))
 
     def see(self, batch: Any, count: bool = True) -> Any:
         if isinstance(batch, dict) and STATS_KEY in batch:
