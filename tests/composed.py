@@ -119,5 +119,5 @@ def composed_builder(sc: Any, corpus: Any):
                      stop=loader.get("stop", "all_exhausted") if sc.epochs is not None else "never",
                      cycle_exhausted=loader.get("cycle_exhausted", True), eos="eos" in loader,
                      end_label=BOS if loader.get("predict_bos") else IGNORE, min_tokens=sc.composed,
-                     seed=sc.seed % 7)
+                     seed=sc.seed % 7, mix_defaults=sc.mix_defaults)
     return loader_builder(graph)
