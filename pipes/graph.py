@@ -12,7 +12,7 @@ Roles:
 
 | role | what the node does | what it offers the walkers |
 |---|---|---|
-| ``SHARD`` | emits the work units of one shard (`ShardUnits`) | its position, a few ints |
+| ``SHARD`` | emits the work units of one shard (`ShardUnits`) | its position, a few ints; ``shard``, ``first_epoch``, ``epochs`` (None: endless) |
 | ``READER`` | reads a shard's units into documents | ``source``, ``sharder``, ``position()``, ``unread()``, ``next_epoch()`` |
 | ``BRANCH`` | turns documents into tokens (`Tokenize`, `RenderChat`) | `Branch` |
 | ``PIECES`` | hands long documents out in pieces (`Pieces`) | ``in_flight_origins()`` |
@@ -79,6 +79,12 @@ def role_of(node: Any) -> str:
     if isinstance(node, ParallelMapper) and node.num_workers == 0 and node.prebatch is None:
         return PASS
     return OTHER
+
+
+def sharders_of(node: Any) -> List[Any]:
+    """The ``SHARD`` nodes of the graph under ``node``, in `walk` order (a mixer learns from them how its
+    branches end: pipes/mix.py)."""
+    return [n for n in walk(node) if role_of(n) == SHARD]
 
 
 def walk(node: Any) -> Iterator[Any]:

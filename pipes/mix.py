@@ -15,9 +15,11 @@ Strategies (which source gives the next document):
 - ``"alternating"``: a ``pattern`` of source names, ``burst`` documents per entry.
 
 Stop rules, with each source's documents counted in passes (epochs) from
-``first_epoch``; a source is *exhausted* once it has delivered ``passes`` passes:
+``first_epoch``; a source is *exhausted* once it has delivered ``passes`` passes,
+or once its branch ends (raises ``StopIteration``: a finite branch, its passes done):
 
-- ``"never"`` (default): sources cycle forever;
+- ``"never"`` (default): sources cycle forever; a finite branch drops out when it
+  ends, and the stream ends when every branch has;
 - ``"first_exhausted"``: the stream ends when any source is exhausted;
 - ``"all_exhausted"``: the stream ends when every source is; meanwhile exhausted
   sources keep cycling (``cycle_exhausted=True``, the weights hold) or drop out.
@@ -26,10 +28,17 @@ A child may hand out a long document in pieces (pieces.py): a piece counts its o
 and only the first counts as a document; once a piece is out, the document's next pieces
 come before the stream ends, and even when its source can no longer be picked.
 
-Children must be endless streams (the mixer decides when to stop, by the epoch
-each document carries); the document that shows a source has finished its passes
-is not emitted. Weights may follow a schedule over training steps (see
-`schedule`). State: each child's state under its name, per-source token and
+A child is an endless stream (the mixer decides when to stop, by the epoch each
+document carries; the document that shows a source has finished its passes is not
+emitted) or a finite one, which ends after its passes. What the mixer is not told it
+learns from the graph it is given (pipes/graph.py): each branch's sharder (the
+``SHARD`` role: ``first_epoch``, ``epochs``, ``shard``) gives the source's
+``first_epoch`` and ``passes`` (its ``epochs``; 1 when endless) and the random
+strategy's ``shard``; ``cycle_exhausted`` is True unless a branch is finite, which
+cannot cycle (asking it to under ``"all_exhausted"`` is refused, naming the source).
+So ``Mix(branches, weights=...)`` over finite sharders (``epochs=n``) delivers every
+document of their ``n`` passes once, on any topology an elastic resume moves it to.
+Weights may follow a schedule over training steps (see `schedule`). State: each child's state under its name, per-source token and
 document counts, the pick counter, and the strategy's cursor.
 """
 
@@ -40,6 +49,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 import numpy as np
 
 from .base import Node
+from .graph import sharders_of
 from .items import TokenDoc
 from .roles import MIX
 from .schedule import StepClock, Weights, normalize_schedule
@@ -58,15 +68,18 @@ class Mix(Node[TokenDoc]):
     """One stream from several tokenized sources, by the strategy and stop rule of the module docstring.
 
     Args:
-        children: ``{name: node}``, each an endless stream of `TokenDoc` (the order is the mix's order).
+        children: ``{name: node}``, each a stream of `TokenDoc`, endless or finite (the order is the mix's order).
         weights: ``{name: weight}`` or a schedule ``[(step, {name: weight}), ...]`` (needs ``clock``).
         strategy: ``"interleave"``, ``"random"``, ``"round_robin"``, ``"sequential"`` or ``"alternating"``.
         unit: count shares in ``"tokens"`` or ``"documents"``.
         stop: ``"never"``, ``"first_exhausted"`` or ``"all_exhausted"``; ``passes`` make a source exhausted.
-        cycle_exhausted: under ``"all_exhausted"``, exhausted sources keep cycling (else they drop out).
-        first_epoch: the epoch the first pass of every source carries.
+        cycle_exhausted: under ``"all_exhausted"``, exhausted sources keep cycling (else they drop out);
+            None: True unless a branch is finite.
+        passes: the passes that exhaust a source; None: per source, its sharder's ``epochs`` (1: endless).
+        first_epoch: the epoch the first pass of every source carries; None: per source, its sharder's.
         pattern, burst: ``"alternating"``'s source names and documents per entry.
-        seed, shard: the random strategy's stream, derived from both.
+        seed, shard: the random strategy's stream, derived from both; ``shard`` None: the first sharder's
+            (0 without one).
         clock: the `StepClock` a weights schedule reads (shared with the batcher).
 
     State keys: ``CHILDREN`` (each child's state, by name), per source ``TOKENS`` and ``DOCUMENTS``
@@ -92,9 +105,9 @@ class Mix(Node[TokenDoc]):
 
     def __init__(self, children: Mapping[str, Node[TokenDoc]], *, weights: Optional[Weights] = None,
                  strategy: str = "interleave", unit: str = "tokens", stop: str = "never",
-                 cycle_exhausted: bool = True, passes: int = 1, first_epoch: int = 0,
-                 pattern: Optional[Sequence[str]] = None, burst: int = 1, seed: int = 0, shard: int = 0,
-                 clock: Optional[StepClock] = None):
+                 cycle_exhausted: Optional[bool] = None, passes: Optional[int] = None,
+                 first_epoch: Optional[int] = None, pattern: Optional[Sequence[str]] = None, burst: int = 1,
+                 seed: int = 0, shard: Optional[int] = None, clock: Optional[StepClock] = None):
         super().__init__(*children.values())
         if not children:
             raise ValueError("Mix needs at least one source")
@@ -106,9 +119,23 @@ class Mix(Node[TokenDoc]):
         self.schedule = normalize_schedule(weights, self.names)
         if len(self.schedule) > 1 and clock is None:
             raise ValueError("a weights schedule needs a StepClock shared with the batcher (the recipes wire it)")
-        if strategy == "sequential" and (stop == "never" or cycle_exhausted and stop == "all_exhausted"):
+        if passes is not None and passes < 1:
+            raise ValueError(f"{passes=} must be >= 1 (or None: each source's sharder's epochs)")
+        sharders = [next(iter(sharders_of(c)), None) for c in self.children]
+        finite = [s is not None and s.epochs is not None for s in sharders]
+        if cycle_exhausted is None:
+            cycle_exhausted = not any(finite)
+        elif cycle_exhausted and stop == "all_exhausted" and any(finite):
+            name = self.names[finite.index(True)]
+            raise ValueError(f"Mix: source {name!r} reads a sharder with epochs={sharders[finite.index(True)].epochs}, "
+                             "so its branch ends after its passes and cannot cycle, but cycle_exhausted=True under "
+                             "stop='all_exhausted'; pass cycle_exhausted=False (or leave it out), or give that "
+                             "source's ShardUnits epochs=None and the mixer passes=")
+        if strategy == "sequential" and (stop == "never" and not all(finite)
+                                         or cycle_exhausted and stop == "all_exhausted"):
             raise ValueError("strategy='sequential' moves on when a source is exhausted: pass stop='all_exhausted' "
-                             "with cycle_exhausted=False, or stop='first_exhausted'")
+                             "with cycle_exhausted=False, or stop='first_exhausted', or give every source's "
+                             "ShardUnits epochs=n")
         if strategy == "alternating":
             if not pattern:
                 raise ValueError("strategy='alternating' needs pattern=[source names ...]")
@@ -120,11 +147,14 @@ class Mix(Node[TokenDoc]):
             self.pattern = []
         if burst < 1:
             raise ValueError(f"{burst=} must be >= 1")
-        if passes < 1:
-            raise ValueError(f"{passes=} must be >= 1")
         self.strategy, self.unit, self.stop, self.cycle_exhausted = strategy, unit, stop, cycle_exhausted
-        self.passes, self.first_epoch, self.burst = passes, first_epoch, burst
-        self.seed, self.shard = seed, shard
+        # Per source: the epoch its first pass carries, and the passes that exhaust it.
+        self.first_epochs = [first_epoch if first_epoch is not None else s.first_epoch if s is not None else 0
+                             for s in sharders]
+        self.passes = [passes if passes is not None else s.epochs if f else 1 for s, f in zip(sharders, finite)]
+        if shard is None:
+            shard = next((s.shard for s in sharders if s is not None), 0)
+        self.burst, self.seed, self.shard = burst, seed, shard
         self.clock = clock
         self._cycling = stop == "all_exhausted" and cycle_exhausted
         self._block_id = -1
@@ -274,12 +304,17 @@ class Mix(Node[TokenDoc]):
             if i < 0:
                 self._ended = True
                 break
-            doc = self.children[i].next()  # children are endless; a finite one ending is an error upstream
+            try:
+                doc = self.children[i].next()
+            except StopIteration:
+                if self._branch_ended(i):
+                    break
+                continue
             self._picks += 1
-            passes = doc.epoch - self.first_epoch
+            passes = doc.epoch - self.first_epochs[i]
             if passes > self._passes[i]:
                 self._passes[i] = passes
-            if self.stop != "never" and passes >= self.passes:
+            if self.stop != "never" and passes >= self.passes[i]:
                 # This document opens a pass beyond the limit: the source is exhausted.
                 self._exhausted[i] = True
                 if self.stop == "first_exhausted" or all(
@@ -298,6 +333,18 @@ class Mix(Node[TokenDoc]):
         if True in self._midway:
             return self._go_on(self._midway.index(True))
         raise StopIteration
+
+    def _branch_ended(self, i: int) -> bool:
+        """Source ``i``'s branch has ended (a finite one, its passes done): it is exhausted and drops out.
+        Whether the stream ends with it."""
+        if self._cycling:
+            raise ValueError(f"Mix: the branch of source {self.names[i]!r} ended (StopIteration) under "
+                             "stop='all_exhausted' with cycle_exhausted=True, which cycles an exhausted source: a "
+                             "finite branch cannot. Pass cycle_exhausted=False, or make the branch endless")
+        self._exhausted[i] = True
+        if self.stop == "first_exhausted":
+            self._ended = True
+        return self._ended
 
     def get_state(self) -> Dict[str, Any]:
         return {

@@ -47,6 +47,9 @@ class Composed:
     min_tokens: int = 0
     filter_cls: type = LengthFilter
     seed: int = 3
+    #: As the README composes two sources: finite sharders (``epochs``) under ``Mix(branches, weights=...)`` with
+    #: its defaults, which learns the rest from the graph; False: the sharders endless, the mixer told everything.
+    mix_defaults: bool = False
     names: Tuple[str, ...] = field(init=False)
 
     def __post_init__(self):
@@ -68,7 +71,7 @@ class Composed:
         for name in self.names:
             def sharder(units):
                 return ShardUnits(units.rows, shard=ctx.shard, num_shards=ctx.num_shards, seed=self.seed,
-                                  epochs=self.epochs if single else None, first_epoch=first)
+                                  epochs=self.epochs if single or self.mix_defaults else None, first_epoch=first)
             node = Tokenize(self._reader(name, sharder), enc, bos=BOS, eos=EOS if self.eos else None)
             if name == "a" and self.min_tokens:
                 node = self.filter_cls(node, self.min_tokens)
@@ -78,6 +81,8 @@ class Composed:
             feeds[name] = node
         if single:
             mixed = feeds[self.names[0]]
+        elif self.mix_defaults:
+            mixed = Mix(feeds, weights=self.weights or dict.fromkeys(self.names, 1))
         else:
             mixed = Mix(feeds, weights=self.weights or dict.fromkeys(self.names, 1), unit=self.weights_unit,
                         stop=self.stop, cycle_exhausted=self.cycle_exhausted, passes=self.epochs or 1,
@@ -114,5 +119,5 @@ def composed_builder(sc: Any, corpus: Any):
                      stop=loader.get("stop", "all_exhausted") if sc.epochs is not None else "never",
                      cycle_exhausted=loader.get("cycle_exhausted", True), eos="eos" in loader,
                      end_label=BOS if loader.get("predict_bos") else IGNORE, min_tokens=sc.composed,
-                     seed=sc.seed % 7)
+                     seed=sc.seed % 7, mix_defaults=sc.mix_defaults)
     return loader_builder(graph)

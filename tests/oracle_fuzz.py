@@ -12,7 +12,9 @@ hop runs the next round, checked on its own). Between hops a state goes through 
 may change at a hop (``allow_weight_change``); persistent workers and a `DevicePrefetcher`
 (its own state) appear at random. Drawn last, so earlier seeds keep their scenarios: buffers of 1-3
 documents, rows of 2-9 tokens, sources of a few documents, and a graph composed by hand
-(tests/composed.py: a filter and a torchdata Mapper, run by TokenLoomLoader) instead of the recipe.
+(tests/composed.py: a filter and a torchdata Mapper, run by TokenLoomLoader) instead of the recipe,
+of several sources either told to the mixer or as the README composes them (finite sharders under a
+``Mix`` left to its defaults, issue 42).
 Each scenario runs under a time limit (``--limit``): an epoch that never ends fails with its seed.
 
     python -m tests.oracle_fuzz --seed 17            # one scenario, printed, then run
@@ -81,6 +83,9 @@ class Scenario:
     #: A graph composed by hand instead of the recipe (tests/composed.py), with a filter dropping source a's
     #: documents shorter than this many tokens (and a torchdata Mapper); 0: the recipe.
     composed: int = 0
+    #: The composed graph of several sources as the README writes it: each sharder ``epochs``, the mixer with its
+    #: defaults (it learns the rest from the graph); False: the sharders endless, the mixer told everything.
+    mix_defaults: bool = False
 
     def complete(self) -> bool:
         """Whether a round delivers every document exactly ``epochs`` times."""
@@ -91,6 +96,7 @@ class Scenario:
         hops = " -> ".join(map(str, self.hops))
         ahead = f" read-ahead {self.readahead} parts {self.part_bytes}" if self.readahead else ""
         ahead += f" composed (filter < {self.composed} tokens)" if self.composed else ""
+        ahead += " finite sharders under a default Mix" if self.mix_defaults else ""
         return (f"seed {self.seed}: {'sft ' if self.chat else ''}sources {self.sources}, T={self.seq_len} B={self.batch_size} {self.packing} "
                 f"buffer {self.buffer_size} epochs={self.epochs} {self.loader}{ahead}; hops {hops}")
 
@@ -177,6 +183,12 @@ def draw(seed: int) -> Scenario:
             hop.weights = None
     if sc.packing == "bestfit" and not sc.composed and rng.random() < 0.2:  # drawn last, as above
         sc.loader["min_fill"] = rng.randint(1, sc.seq_len)  # the least gap cut from a long document
+    if sc.composed and len(sc.sources) > 1 and sc.epochs is not None and rng.random() < 0.5:  # drawn last, as above
+        # As the README composes several sources: finite sharders under Mix(branches, weights=...); each branch
+        # ends after its epochs and drops out, so the round delivers every document once per epoch, as
+        # stop="all_exhausted" without cycling does (what the oracle is told).
+        sc.mix_defaults = True
+        sc.loader["stop"], sc.loader["cycle_exhausted"] = "all_exhausted", False
     return sc
 
 
@@ -236,7 +248,7 @@ def run_scenario(sc: Scenario, root: str, *, limit: float = LIMIT) -> Dict[str, 
     dropped = frozenset()
     if sc.composed:
         seqs, _ = corpus.sequences("eos" in sc.loader)
-        if sc.epochs is None or len(sc.sources) > 1:
+        if sc.epochs is None or len(sc.sources) > 1 and not sc.mix_defaults:
             # Where source a's branch is endless (an endless stream, or several sources: the mixer ends
             # the passes), a filter that drops every document a shard holds of it never returns: the
             # graph the user composed reads for ever inside one next() (seed 14538: four documents of a

@@ -34,10 +34,10 @@ def corpus(tmp_path_factory):
                        row=T + 1, seed=35)
 
 
-def _builder(corpus, filter_cls=LengthFilter):
+def _builder(corpus, filter_cls=LengthFilter, mix_defaults=False):
     return loader_builder(Composed({"a": ("parquet", corpus.sources["a"]), "b": ("jsonl", corpus.sources["b"])},
                                    corpus.tokenizer, T, B, weights={"a": 2, "b": 1}, min_tokens=MIN_TOKENS,
-                                   filter_cls=filter_cls))
+                                   filter_cls=filter_cls, mix_defaults=mix_defaults))
 
 
 def _oracle(corpus):
@@ -57,10 +57,23 @@ def test_a_composed_graph_resumes_on_other_workers_every_kept_token_once(corpus,
         oracle.finish()
 
 
-def test_a_composed_graph_resumes_bitwise_on_the_same_topology(corpus):
+@pytest.mark.parametrize("hops", [[Hop(1, 2, None)], [Hop(1, 2, 7), Hop(1, 1, None)], [Hop(1, 2, 7), Hop(1, 3, None)],
+                                  [Hop(2, 1, 3), Hop(1, 2, None)]], ids=lambda h: "-".join(map(str, h)))
+def test_finite_sharders_under_a_default_mix_deliver_every_kept_token_once(corpus, hops):
+    """Issue 42: the README's two-source composition, each sharder ``epochs=1`` and ``Mix(branches,
+    weights=...)`` with its defaults. The mixer used to end a worker's stream with the first branch to
+    end, so the run lost the rest of the other source, and an elastic resume (which hands every unread
+    row over) lost and repeated other documents than the uninterrupted run."""
+    oracle = _oracle(corpus)
+    run_chain(_builder(corpus, mix_defaults=True), hops, oracle, limit=120)
+    oracle.finish()
+
+
+@pytest.mark.parametrize("mix_defaults", [False, True])
+def test_a_composed_graph_resumes_bitwise_on_the_same_topology(corpus, mix_defaults):
     from .resume import check_loader_resume
 
-    build = _builder(corpus)
+    build = _builder(corpus, mix_defaults=mix_defaults)
     assert len(check_loader_resume(lambda: build(0, 1, 2), steps=[2, 9], total=None)) > 20
 
 

@@ -44,11 +44,11 @@ def listed(sources, tok_path):
                                     for name, path in sources.items()}
 
 
-def branches(listed, shard=0, num_shards=1):
+def branches(listed, shard=0, num_shards=1, **sharder):
     enc, units_of = listed
     out = {}
     for name, units in units_of.items():
-        node = ShardUnits(units.rows, shard=shard, num_shards=num_shards, seed=1)
+        node = ShardUnits(units.rows, shard=shard, num_shards=num_shards, seed=1, **sharder)
         out[name] = Tokenize(ReadParquet(node, units, source=name, seed=1), enc, bos=0)
     return out
 
@@ -90,6 +90,47 @@ def test_stop_rules_count_documents(listed):
     stats = (list(mix), mix.source_stats())[1]
     # a comes before c in every round: it has one more when c turns out to be exhausted
     assert stats["c"]["documents"] == 80 and stats["a"]["documents"] == 81
+
+
+def _delivered(mix):
+    """How many times each document (source, unit, row, epoch) comes out of the mixer, to its end."""
+    mix.reset(None)
+    seen = {}
+    for doc in mix:
+        key = (doc.source, doc.unit, doc.pos, doc.epoch)
+        seen[key] = seen.get(key, 0) + 1
+    return seen
+
+
+@pytest.mark.parametrize("case", [dict(weights={"a": 2, "b": 1, "c": 1}), dict(strategy="round_robin"),
+                                  dict(strategy="random", seed=3), dict(strategy="sequential")],
+                         ids=lambda c: c.get("strategy", "interleave"))
+def test_a_mix_of_finite_branches_with_its_defaults_delivers_every_document_once(listed, case):
+    """Issue 42: sharders of ``epochs=1`` under a ``Mix`` left to its defaults. A branch that ends drops out
+    and the others go on to their own end (the mixer used to end the stream with the first branch to end,
+    leaving the rest of the others unread), and the stream resumes exactly at every step."""
+    seen = _delivered(Mix(branches(listed, epochs=1), **case))
+    assert len(seen) == sum(SOURCES.values()) and set(seen.values()) == {1}
+    assert check_node_resume(lambda: Mix(branches(listed, epochs=1), **case), max_steps=1000, horizon=3) \
+        == sum(SOURCES.values())
+
+
+def test_a_mix_learns_first_epoch_and_passes_from_its_sharders(listed):
+    """Round 2 of a two-epoch run (the sharders' first_epoch=4, epochs=2) under stop="all_exhausted" with the
+    mixer told neither: it counts each source's passes from 4 and exhausts it after 2, so every document
+    comes twice (told passes=1, first_epoch=0, it used to find every source exhausted at its first document)."""
+    mix = Mix(branches(listed, epochs=2, first_epoch=4), stop="all_exhausted")
+    seen = _delivered(mix)
+    assert len(seen) == 2 * sum(SOURCES.values()) and set(seen.values()) == {1}
+    assert {epoch for *_, epoch in seen} == {4, 5}
+    assert {n: s["epochs"] for n, s in mix.source_stats().items()} == dict.fromkeys(SOURCES, 1)
+    assert mix.cycle_exhausted is False, "a finite branch cannot cycle"
+
+
+def test_cycling_a_finite_branch_is_refused_naming_the_source(listed):
+    with pytest.raises(ValueError, match=r"source 'a' reads a sharder with epochs=1, so its branch ends .* "
+                                         r"cycle_exhausted=True under stop='all_exhausted'; pass cycle_exhausted=False"):
+        Mix(branches(listed, epochs=1), stop="all_exhausted", cycle_exhausted=True)
 
 
 def _identify(batches, enc):

@@ -264,8 +264,9 @@ def test_stats_right_after_an_elastic_resume(tmp_path):
 #: and 10035: jsonl and a JSON array read ahead (8K budget, line units in parts of 64 bytes) on 3 workers
 #: with a prefetcher, then elastic hops. Seven of the others draw read-ahead too. 10053: min_fill=31 at
 #: T=32 (issue 36's new setting) on two sources in pieces from 3 workers to 4 ranks; 10003 and 10006 draw
-#: it for conversations.
-SEEDS = list(range(10_000, 10_012)) + [6, 7, 8, 16, 25, 28, 40165, 10035, 10016, 10067, 10082, 10053]
+#: it for conversations. 20648: the README's composition of two sources (finite sharders under a default
+#: Mix, issue 42) over two epochs, 1 x 0 to 3 x 1 workers and back, two rounds.
+SEEDS = list(range(10_000, 10_012)) + [6, 7, 8, 16, 25, 28, 40165, 10035, 10016, 10067, 10082, 10053, 20648]
 
 
 @pytest.mark.slow
