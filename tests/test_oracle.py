@@ -126,6 +126,26 @@ def test_a_weight_change_starts_a_new_history(tmp_path):
     changed(0, 1, 0, None).load_state_dict(Q)
 
 
+# --- 3b. crop with several sources to a finite round's end ------------------------------------
+
+@pytest.mark.parametrize("buffer_size", [1000, 2])
+def test_crop_with_several_sources_counts_what_the_batches_begin(corpora, buffer_size):
+    """Issue 42 (5): two sources, bestfit-crop, one epoch, no cycling. The buffer drained into the
+    last rows by cropping each gap's smallest document, some down to their BOS in a row's label
+    slot, where a document is no input at all; ``loader.stats()`` counted them delivered (T=64:
+    14 of 500 at buffer 1000, 11 at buffer 2). Now the last rows are padded, and the statistics
+    count a document where its first token is an input."""
+    corpus = corpora(64)
+    oracle = Oracle(corpus, epochs=1, mode="bestfit-crop", end_label=BOS)
+    loader = builder(corpus, seq_len=64, packing="bestfit-crop", buffer_size=buffer_size,
+                     weights={"a": 0.5, "b": 0.5})(0, 1, 0, None)
+    for k, batch in enumerate(loader):
+        oracle.feed(batch, f"step {k}", (0, 0, 0), 0)
+    stats = loader.stats()
+    oracle.check_documents({n: stats["sources"][n]["documents"] for n in corpus.sources}, "loader.stats()")
+    oracle.finish()
+
+
 # --- 4. every source kind, through the held-out elastic topologies -------------------------------
 
 KIND_CHAINS = {
