@@ -175,15 +175,24 @@ def test_every_source_kind_counts_every_token(tmp_path, kinds, topology):
 @pytest.mark.parametrize("packing", MODES)
 def test_the_oracle_catches_a_dropped_and_a_repeated_batch(corpora, packing):
     corpus = corpora(64)
-    batches = list(builder(corpus, seq_len=64, packing=packing, weights={"a": 0.6, "b": 0.4})(0, 1, 0, None))
+    loader = builder(corpus, seq_len=64, packing=packing, weights={"a": 0.6, "b": 0.4})(0, 1, 0, None)
+    batches = list(loader)
+    stats = loader.stats()
+    documents = {n: stats["sources"][n]["documents"] for n in corpus.sources}
     ok = Oracle(corpus, epochs=1, mode=packing, end_label=BOS)
     for k, b in enumerate(batches):
         ok.feed(b, f"step {k}")
+    ok.check_documents(documents, "loader.stats()")
     ok.finish()
+    # Crop's last rows are padded (issue 42): a padded label slot looks like one that held a cropped
+    # document's BOS, so the documents crop may lose there are bounded loosely; the statistics, which
+    # count the documents begun as inputs, tell a dropped batch too.
     drop = Oracle(corpus, epochs=1, mode=packing, end_label=BOS)
     for k, b in enumerate(batches[:7] + batches[8:]):
         drop.feed(b, f"step {k}")
-    with pytest.raises(AssertionError, match="left unfinished|another number of times|no piece of it is open|lost"):
+    drop.check_documents(documents, "loader.stats()")
+    with pytest.raises(AssertionError, match="left unfinished|another number of times|no piece of it is open|lost"
+                                             "|counts documents the batches do not begin"):
         drop.finish()
     twice = Oracle(corpus, epochs=1, mode=packing, end_label=BOS)
     for k, b in enumerate(batches[:8] + batches[7:]):
