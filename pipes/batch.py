@@ -161,7 +161,8 @@ class Batch(Node[Dict[str, torch.Tensor]]):
 
     It also counts, per declared source (``sources=``, a fixed set so the state has
     the same keys at every step), the tokens and the document starts it delivers
-    (``counts()``: what the training loop will see), and advances a `StepClock`
+    (``counts()``: what the training loop will see; a document whose first token is only a row's
+    last label, crop's one-token crop, did not start in the batch and is not counted), and advances a `StepClock`
     when one is shared with a mixer's weights schedule; both are part of its state.
 
     Args:
@@ -176,7 +177,8 @@ class Batch(Node[Dict[str, torch.Tensor]]):
             the row's next token).
 
     State keys: ``PARENT`` (the parent's state: a batch is complete inside one ``next()``),
-    ``COUNTS`` (per source, ``[tokens, document starts]`` delivered so far) and ``CLOCK`` (the
+    ``COUNTS`` (per source, ``[tokens, document starts]`` delivered so far; a start counts only where
+    it is an input, not in a row's label slot) and ``CLOCK`` (the
     shared `StepClock`'s state, None without one). A restore loads the clock before the parent
     replays, because the mixer reads it.
     """
@@ -224,15 +226,18 @@ class Batch(Node[Dict[str, torch.Tensor]]):
                 break
         if not rows:
             raise StopIteration
-        counts = self._counts
+        counts, T = self._counts, self.seq_len
         for row in rows:
             starts = row.starts
+            off = 0
             for k, (src, n) in enumerate(zip(row.sources, row.seg_lens.tolist())):
                 c = counts.get(src)
-                if c is None:
-                    continue
-                c[0] += n
-                c[1] += 1 if starts is None or starts[k] else 0
+                if c is not None:
+                    c[0] += n
+                    # A segment that starts in the label slot (crop's one-token crop) holds no input:
+                    # its document is not in the batch, so it is not counted as delivered.
+                    c[1] += 1 if (starts is None or starts[k]) and off < T else 0
+                off += n
         if self.clock is not None:
             self.clock.batches += 1
         return collate_rows(rows, batch_size=self.batch_size, seq_len=self.seq_len, pad_id=self.pad_id,

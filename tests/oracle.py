@@ -232,6 +232,7 @@ class Oracle:
     chains: Dict[int, List[_Chain]] = field(default_factory=lambda: collections.defaultdict(list))
     done: collections.Counter = field(default_factory=collections.Counter)
     delivered: int = 0  # document tokens delivered (inputs and target-only tokens)
+    began: collections.Counter = field(default_factory=collections.Counter)  # per source: documents begun as inputs
     rows: int = 0
     label_slots: int = 0  # rows whose inputs end a whole document: crop fills the slot with a document's BOS
     # Special-only starts not yet placed: (tokens, where, whether the label slot after them went unseen,
@@ -465,6 +466,7 @@ class Oracle:
         n_tok = len(self.seq[doc])
         crop = self.mode == "bestfit-crop"
         if start == 0:
+            self.began[self.corpus.doc_source[doc]] += 1
             chain = _Chain(doc, end, 1, self.stream)
             if crop:
                 self._close(doc, where)
@@ -559,6 +561,17 @@ class Oracle:
         self.done[doc] += 1
         if self.epochs is not None and not self.cycling and self.done[doc] > self.epochs:
             self._err(where, f"document {doc} delivered {self.done[doc]} times in a round of {self.epochs} epochs")
+
+    def check_documents(self, reported: Dict[str, int], where: str, began: Optional[Dict[str, int]] = None) -> None:
+        """``loader.stats()``'s documents per source (``reported``) against the documents whose first
+        token was an input in the batches fed (``began``: those counted over several oracles, default this
+        one's): a statistic counts what the batches hold (issue 42: crop counted a document whose BOS
+        was only a row's last label). Pretrain only: a conversation may begin with a piece of markers."""
+        began = self.began if began is None else began
+        wrong = {n: (reported[n], began.get(n, 0)) for n in reported if reported[n] != began.get(n, 0)}
+        if wrong:
+            self._err(where, f"loader.stats() counts documents the batches do not begin (source: (reported, "
+                             f"begun as inputs)) {wrong}")
 
     def finish(self, *, complete: bool = True) -> None:
         """Raise AssertionError listing what went wrong. ``complete``: the round ran to its end."""

@@ -14,7 +14,10 @@ may change at a hop (``allow_weight_change``); persistent workers and a `DeviceP
 documents, rows of 2-9 tokens, sources of a few documents, and a graph composed by hand
 (tests/composed.py: a filter and a torchdata Mapper, run by TokenLoomLoader) instead of the recipe,
 of several sources either told to the mixer or as the README composes them (finite sharders under a
-``Mix`` left to its defaults, issue 42).
+``Mix`` left to its defaults, issue 42);
+then, for ``bestfit-crop`` with epochs, several sources each delivered to the round's end (issue 42).
+Besides the oracle's checks, ``loader.stats()``'s documents per source must be the documents whose
+first token came as an input (pretrain, the recipe's graph).
 Each scenario runs under a time limit (``--limit``): an epoch that never ends fails with its seed.
 
     python -m tests.oracle_fuzz --seed 17            # one scenario, printed, then run
@@ -27,6 +30,7 @@ A failing seed prints the scenario and the command that reproduces it.
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import os
 import random
@@ -189,6 +193,30 @@ def draw(seed: int) -> Scenario:
         # stop="all_exhausted" without cycling does (what the oracle is told).
         sc.mix_defaults = True
         sc.loader["stop"], sc.loader["cycle_exhausted"] = "all_exhausted", False
+    if sc.packing == "bestfit-crop" and sc.epochs is not None and not sc.composed and rng.random() < 0.6:
+        # Drawn last, as above. Issue 42: crop with several sources, each delivered to a finite round's end
+        # (all_exhausted, no cycling, so the oracle checks every document), where the packer's buffer drains
+        # into the last rows (it cropped them, down to BOS-only label slots, and counted them delivered).
+        kinds = [k for k in KINDS if k != "hf"] + ["hf"]
+        for n in ["a", "b", "c"][len(sc.sources):rng.choice([2, 3])]:
+            sc.sources[n] = (rng.choice(kinds), rng.randint(30, 120))
+        names = list(sc.sources)
+        if sc.loader.get("mix") is None:
+            sc.loader["mix"] = rng.choice(["interleave", "random", "round_robin"])
+            sc.loader["weights_unit"] = rng.choice(["tokens", "documents"])
+            if sc.loader["mix"] != "round_robin":
+                sc.loader["weights"] = {n: rng.choice([1, 2, 3]) for n in names}
+        elif sc.loader["mix"] == "alternating":
+            sc.loader["pattern"] = list(sc.loader["pattern"]) + [n for n in names if n not in sc.loader["pattern"]]
+        weights = sc.loader.get("weights")
+        if isinstance(weights, dict):
+            sc.loader["weights"] = {n: weights.get(n, rng.choice([1, 2, 3])) for n in names}
+        elif isinstance(weights, list):
+            sc.loader["weights"] = [(step, {n: w.get(n, rng.choice([1, 2, 3])) for n in names}) for step, w in weights]
+        for hop in sc.hops:
+            if hop.weights is not None:
+                hop.weights = {n: hop.weights.get(n, 1) for n in names}
+        sc.loader["stop"], sc.loader["cycle_exhausted"] = "all_exhausted", False
     return sc
 
 
@@ -263,6 +291,8 @@ def run_scenario(sc: Scenario, root: str, *, limit: float = LIMIT) -> Dict[str, 
                       end_label=BOS if sc.loader.get("predict_bos") else IGNORE, eos="eos" in sc.loader,
                       names=list(sc.sources), dropped=dropped)
     oracle = new_oracle()
+    began: collections.Counter = collections.Counter()  # documents begun as inputs in earlier rounds' oracles
+    reported: Optional[List[Dict[str, Any]]] = None  # the last hop's loader.stats(), per rank
     states: Optional[List[Dict[str, str]]] = None
     prev: Optional[FuzzHop] = None
     weights = None
@@ -299,9 +329,11 @@ def run_scenario(sc: Scenario, root: str, *, limit: float = LIMIT) -> Dict[str, 
                                 hop.workers)
             batches_seen += n
             saved = [run.states[n] if record else run.final for run in runs]
+            reported = [run.stats[n] if record else run.stats[-1] for run in runs]
             runs_ended = runs[0].ended and not record  # "last": saved before the end was seen
             if runs_ended and h < len(sc.hops) - 1:
                 oracle.finish(complete=sc.complete())  # the round ended: the next hop runs the next
+                began.update(oracle.began)
                 oracle = new_oracle()
                 rounds += 1
         states = [_roundtrip(s, hop.roundtrip) for s in saved]
@@ -309,6 +341,11 @@ def run_scenario(sc: Scenario, root: str, *, limit: float = LIMIT) -> Dict[str, 
         for loader in loaders:
             del loader
         del loaders
+    if reported is not None and not sc.chat and not sc.composed:
+        # The statistics are cumulative over the run (carried through resumes): the documents every
+        # oracle of the run saw begin, all rounds together.
+        docs = {n: sum(r["sources"][n]["documents"] for r in reported) for n in sc.sources}
+        oracle.check_documents(docs, "end: loader.stats()", began + oracle.began)
     oracle.finish(complete=runs_ended and sc.complete())
     return {"batches": batches_seen, "rounds": rounds + 1, "tokens": oracle.delivered}
 

@@ -286,7 +286,10 @@ static PyObject *py_build_row(PyObject *self, PyObject *args) {
                 if (s < 0) break;
                 take = space;
             } else {
-                /* Crop: the smallest document that does not fit loses the least. */
+                /* Crop: the smallest document that does not fit loses the least. Once upstream has
+                 * ended no row waits for more documents, so the gap is padded instead: every
+                 * buffered document keeps its place in a later row, whole (or its first C tokens). */
+                if (ended) break;
                 int L2 = ix_gt(&ix, space);
                 if (L2 < 0) break;
                 s = ix.head[L2];

@@ -115,11 +115,12 @@ def _fits_overdue(seq, ln, used, opened, c, C, pos) -> bool:
     return int(seq[c]) >= 0 and not parked(ln, used, opened, c, C) and _next_len(ln, used, c, C) <= C - pos
 
 
-def _fill_space(ln, used, head, nxt, bits, C, mode, min_fill, space, may_stop):
+def _fill_space(ln, used, head, nxt, bits, C, mode, min_fill, space, may_stop, ended):
     """``(slot, take, stuck)`` for ``space`` left in the row and no overdue slot to place: the largest
     next segment that fits; else stuck when ``may_stop`` (the caller tops the buffer up and calls
     again); else bestfit cuts the gap off the oldest document longer than a row (not under
-    ``min_fill``) and crop takes the smallest one that does not fit. Slot -1: the row ends here."""
+    ``min_fill``) and crop takes the smallest one that does not fit, or pads once upstream has ``ended``.
+    Slot -1: the row ends here."""
     mask = _nonempty(bits)
     L = _le(mask, space)
     if L >= 0:
@@ -128,6 +129,8 @@ def _fill_space(ln, used, head, nxt, bits, C, mode, min_fill, space, may_stop):
         return -1, 0, 1
     if mode == MODE_BESTFIT:
         return (_oldest_with(ln, used, head, nxt, C, C + 1) if space >= min_fill else -1), space, 0
+    if ended:
+        return -1, 0, 0  # crop once upstream ended: pad, the buffered documents all get rows of their own
     L2 = _gt(mask, space)
     return (int(head[L2]), space, 0) if L2 >= 0 else (-1, 0, 0)
 
@@ -174,7 +177,7 @@ def build_row(docs: List[np.ndarray], masks: Optional[list], seq, ln, used, head
             if space == 0:
                 break
             s, take, stuck = _fill_space(ln, used, head, nxt, bits, C, mode, min_fill, space,
-                                         not ended and nfreed > nfreed0)
+                                         not ended and nfreed > nfreed0, ended)
             if s < 0:
                 break
         start = int(used[s])

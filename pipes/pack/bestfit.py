@@ -14,8 +14,11 @@ the buffer size.
 document is longer than a row and nothing fits the gap. ``crop`` gives
 nanochat-compatible rows (each segment, so each row, starts with a document's
 first token; no padding) and discards the rest of every cropped document; its
-floor is the tokens beyond ``C`` of documents longer than a row. Measured in
-benchmarks/RESULTS.md.
+floor is the tokens beyond ``C`` of documents longer than a row. Once a finite
+upstream has ended, ``crop`` pads the gaps instead of cropping: the buffer then
+drains into its last rows, each buffered document whole (or its first ``C``
+tokens), so none is cut down to a scrap, or to its BOS alone in a row's label
+slot, only because the stream ended. Measured in benchmarks/RESULTS.md.
 
 The buffer is bounded in tokens as well as documents (``buffer_tokens``, by
 default ``BESTFIT_ROWS`` = 16 rows' worth in ``bestfit``, half a row per document of

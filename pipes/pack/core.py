@@ -19,6 +19,9 @@ Rules for one row of ``C`` tokens (the same in ``_packcore.c`` and ``_packcore_p
    - ``crop``: crop the smallest document that does not fit (it loses the least)
      and discard its rest. Documents longer than a row keep only the first ``C``
      tokens, so every segment starts with its document's first token (BOS).
+     Once upstream has ended (``ended``), pad instead: no later row needs the gap
+     filled, and every buffered document still gets a row of its own, so the
+     last rows of a finite stream are padded rather than their documents cropped.
 
 A document arriving in pieces (pipes/pieces.py) has one slot that each piece extends
 (`Slots.extend`). While more pieces are to come it is *open*: placed only as a full row
