@@ -15,9 +15,10 @@ threads; in a loader worker, where the workers are the parallelism, it is told t
 built once per process from the serialized tokenizer.json the worker receives.
 
 Building a 100k-id tokenizer takes fastokens a second or more, longer than a whole first batch. So the
-process that encodes builds it in a background thread (`ready` starts it; fastokens releases the GIL
-while it builds) and, until it is built, the Encoder encodes with a stand-in engine whose verdict says it
-gives the same ids (tokenizer.py); nothing waits for the slowest engine to load. The training process
+process that encodes builds it in a background thread (`ready` starts it, once the stand-in has had the
+first batches to itself; fastokens releases the GIL for most of the build) and, until it is built, the
+Encoder encodes with a stand-in engine whose verdict says it gives the same ids (tokenizer.py); nothing
+waits for the slowest engine to load. The training process
 never builds it for its workers: a worker builds its own, so no fastokens state (its thread pool, its
 allocator's threads) is made in the training process on the loader's account before a fork.
 """
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -41,6 +43,9 @@ _built: Dict[int, Tuple[str, Any]] = {}  # by id of the payload's hash key: (pay
 # Builds under way in this process, by the payload's hash: (payload, the thread, [exception] once failed).
 _building: Dict[int, Tuple[str, threading.Thread, List[BaseException]]] = {}
 _pid = os.getpid()  # a build thread does not survive a fork: a child starts its own
+_first_call: Dict[int, float] = {}  # by the payload's hash: when this process first asked for it
+#: How long the stand-in encodes alone before fastokens' build starts beside it.
+STAND_IN_S = 1.0
 
 
 def version() -> Optional[str]:
@@ -73,21 +78,25 @@ def build(payload: str) -> Any:
 
 def ready(payload: str) -> Optional[Any]:
     """The fastokens tokenizer of a tokenizer.json text if it is built in this process, else None, and
-    its build is then under way in a background thread (started by the first call). A build that
-    failed raises its error here, once the thread has ended."""
+    its build is then under way in a background thread, started by the first call `STAND_IN_S` seconds
+    or more after the first (the first batches are the stand-in's alone: the build takes CPU and, now
+    and then, the GIL). A build that failed raises its error here, once the thread has ended."""
     global _pid
     key = hash(payload)
     with _lock:
         found = _built.get(key)
         if found is not None and found[0] == payload:
             return found[1]
-        if _pid != os.getpid():  # forked: the parent's build threads are not in this process
+        if _pid != os.getpid():  # forked: the parent's build threads and first calls are not this process's
             _building.clear()
+            _first_call.clear()
             _pid = os.getpid()
         going = _building.get(key)
         if going is not None and going[0] == payload:
             if going[2]:
                 raise going[2][0]
+            return None
+        if time.monotonic() - _first_call.setdefault(key, time.monotonic()) < STAND_IN_S:
             return None
         failed: List[BaseException] = []
         thread = threading.Thread(target=_build_into, args=(payload, failed), name="tokenloom-fastokens-build",
@@ -98,12 +107,8 @@ def ready(payload: str) -> Optional[Any]:
 
 
 def _build_into(payload: str, failed: List[BaseException]) -> None:
-    try:
-        # At the lowest CPU priority (Linux sets it per thread): the stand-in's encoding of the first
-        # batches goes first, and the build takes the cycles the workers leave idle.
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-    except (AttributeError, OSError):
-        pass
+    # Not at a lower CPU priority: the build takes the GIL now and then, and a thread that holds it
+    # while the scheduler leaves it waiting stalls the thread that encodes (priority inversion).
     try:
         build(payload)
     except BaseException as e:  # noqa: BLE001 - handed to the encoding thread by `ready`

@@ -275,6 +275,8 @@ def test_tiktoken_stands_in_while_fastokens_is_built_then_fastokens_encodes(tok_
     release, real_build = threading.Event(), fastokens_engine.build
     monkeypatch.setattr(fastokens_engine, "_built", {})
     monkeypatch.setattr(fastokens_engine, "_building", {})
+    monkeypatch.setattr(fastokens_engine, "_first_call", {})
+    monkeypatch.setattr(fastokens_engine, "STAND_IN_S", 0.2)
 
     def slow_build(payload):
         assert release.wait(60)
@@ -284,8 +286,9 @@ def test_tiktoken_stands_in_while_fastokens_is_built_then_fastokens_encodes(tok_
     real_encode = fastokens_engine.encode_batch
     monkeypatch.setattr(fastokens_engine, "build", slow_build)
     monkeypatch.setattr(fastokens_engine, "encode_batch", lambda tok, t: used.append("fastokens") or real_encode(tok, t))
-    for _ in range(3):  # fastokens still building: the same ids, from tiktoken
+    for _ in range(3):  # the stand-in's first batches, then fastokens still building: the same ids, from tiktoken
         assert [a.tolist() for a in enc.encode_batch(texts)] == want
+        __import__("time").sleep(0.15)
     assert used == []
     release.set()
     deadline = __import__("time").monotonic() + 60
@@ -301,6 +304,8 @@ def test_a_build_that_fails_in_the_background_is_raised_where_encoding_asks(tok_
     enc = load_encoder(tok_path, engine="fastokens")
     monkeypatch.setattr(fastokens_engine, "_built", {})
     monkeypatch.setattr(fastokens_engine, "_building", {})
+    monkeypatch.setattr(fastokens_engine, "_first_call", {})
+    monkeypatch.setattr(fastokens_engine, "STAND_IN_S", 0.0)
 
     def broken(payload):
         raise RuntimeError("cannot build it")
