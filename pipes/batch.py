@@ -162,7 +162,8 @@ class Batch(Node[Dict[str, torch.Tensor]]):
     It also counts, per declared source (``sources=``, a fixed set so the state has
     the same keys at every step), the tokens and the document starts it delivers
     (``counts()``: what the training loop will see; a document whose first token is only a row's
-    last label, crop's one-token crop, did not start in the batch and is not counted), and advances a `StepClock`
+    last label did not start in the batch and is not counted: no packer here places one there, a
+    hand-built one might), and advances a `StepClock`
     when one is shared with a mixer's weights schedule; both are part of its state.
 
     Args:
@@ -234,7 +235,8 @@ class Batch(Node[Dict[str, torch.Tensor]]):
                 c = counts.get(src)
                 if c is not None:
                     c[0] += n
-                    # A segment that starts in the label slot (crop's one-token crop) holds no input:
+                    # A segment that starts in the label slot (crop's one-token crop, before issue 42) holds
+                    # no input:
                     # its document is not in the batch, so it is not counted as delivered.
                     c[1] += 1 if (starts is None or starts[k]) and off < T else 0
                 off += n

@@ -134,7 +134,8 @@ def test_crop_with_several_sources_counts_what_the_batches_begin(corpora, buffer
     last rows by cropping each gap's smallest document, some down to their BOS in a row's label
     slot, where a document is no input at all; ``loader.stats()`` counted them delivered (T=64:
     14 of 500 at buffer 1000, 11 at buffer 2). Now the last rows are padded, and the statistics
-    count a document where its first token is an input."""
+    count a document where its first token is an input. Mid-stream too, a gap of one token is the
+    label slot, never a document cut to its BOS: the oracle wants every document begun (fails before)."""
     corpus = corpora(64)
     oracle = Oracle(corpus, epochs=1, mode="bestfit-crop", end_label=BOS)
     loader = builder(corpus, seq_len=64, packing="bestfit-crop", buffer_size=buffer_size,
@@ -184,9 +185,8 @@ def test_the_oracle_catches_a_dropped_and_a_repeated_batch(corpora, packing):
         ok.feed(b, f"step {k}")
     ok.check_documents(documents, "loader.stats()")
     ok.finish()
-    # Crop's last rows are padded (issue 42): a padded label slot looks like one that held a cropped
-    # document's BOS, so the documents crop may lose there are bounded loosely; the statistics, which
-    # count the documents begun as inputs, tell a dropped batch too.
+    # Every mode begins every document (issue 42: crop too), so a dropped batch leaves documents
+    # delivered fewer times; the statistics, which count the documents begun as inputs, tell it too.
     drop = Oracle(corpus, epochs=1, mode=packing, end_label=BOS)
     for k, b in enumerate(batches[:7] + batches[8:]):
         drop.feed(b, f"step {k}")

@@ -108,7 +108,11 @@ def test_packers_lose_nothing_and_keep_order(lengths, seq_len, buffer_size, mode
         assert (row.tokens[filled:] == PAD).all(), "padding only after the segments"
         assert (row.seg_lens > 0).all()
         if mode == "crop" and r + 1 < len(rows) and not after_end[r + 1]:
-            assert filled == C, "crop pads only the rows it builds once upstream has ended"
+            # crop pads, before the rows it builds once upstream has ended, only the label slot after a
+            # row whose inputs end a whole document (a document there would be its BOS alone: issue 42)
+            last = where[int(row.tokens[filled - 1])]
+            assert filled == C or (filled == C - 1 and last[1] == lengths[last[0]] - 1), \
+                f"crop row {r} pads {C - filled} tokens before upstream ended"
         if mode == "crop" and after_end[r]:
             # Issue 42: once upstream has ended nothing waits for a gap to be filled: a document is
             # placed whole (or its first row's worth), never cropped to fill a gap (down to its BOS
@@ -121,9 +125,8 @@ def test_packers_lose_nothing_and_keep_order(lengths, seq_len, buffer_size, mode
             # flat pads, before the last row, only the label slot after a row that ends a document
             assert filled == C or (filled == C - 1 and where[int(row.tokens[C - 2])][1] == lengths[where[int(row.tokens[C - 2])][0]] - 1), \
                 f"flat row {r} pads {C - filled} tokens"
-        if mode != "crop":
-            seg_starts = np.cumsum(row.seg_lens) - row.seg_lens
-            assert (seg_starts != C - 1).all(), "a segment starts in the label slot (the row's last token)"
+        seg_starts = np.cumsum(row.seg_lens) - row.seg_lens
+        assert (seg_starts != C - 1).all(), "a segment starts in the label slot (the row's last token)"
         for seg in segs:
             d, o = where[int(seg[0])]
             assert [where[int(t)] for t in seg] == [(d, o + i) for i in range(len(seg))], "a segment is a run of one document"
@@ -135,6 +138,8 @@ def test_packers_lose_nothing_and_keep_order(lengths, seq_len, buffer_size, mode
     stats = packer.stats()
     assert stats["tokens_in"] == total and stats["tokens_out"] == len(seen)
     if mode == "crop":
+        begun = {where[int(seg[0])][0] for row in rows for seg in segments(row)[0]}
+        assert begun == set(range(len(docs))), f"documents never begun: {sorted(set(range(len(docs))) - begun)}"
         assert len(seen) + stats["discarded"] == total
         floor = sum(max(0, n - C) for n in lengths)
         assert stats["discarded"] >= floor
@@ -180,6 +185,57 @@ def test_c_core_and_python_core_agree(lengths, seq_len, buffer_size, mode, maske
         assert (ra.mask is None) == (rb.mask is None)
         if ra.mask is not None:
             assert np.array_equal(ra.mask, rb.mask)
+
+
+def crop_rows(lengths, seq_len, buffer_size, core, max_wait=None):
+    """The rows of a crop packer whose placement core is ``core`` (the C core or the Python twin)."""
+    packer = BestFitPack(FromList(make_docs(lengths)), seq_len=seq_len, buffer_size=buffer_size, pad_id=PAD,
+                         mode="crop", max_wait=max_wait)
+    packer._slots.core = core
+    orig_clear = packer._clear
+
+    def clear(core=core, orig=orig_clear, p=packer):
+        orig()
+        p._slots.core = core
+    packer._clear = clear
+    return run(packer)
+
+
+CORES = {"c": pack_core._core, "python": _packcore_py}
+
+
+@pytest.mark.parametrize("core", sorted(CORES))
+@settings(max_examples=150, deadline=None)
+@given(lengths=lengths_st, seq_len=st.integers(2, 40), buffer_size=st.integers(1, 12),
+       max_wait=st.sampled_from([None, 1, 3]))
+def test_crop_begins_every_document(core, lengths, seq_len, buffer_size, max_wait):
+    """Issue 42 (5), mid-stream: every document's BOS is an input of some row (a row's last token is the
+    label slot, only a target), so every document begins in the batches; crop used to fill a gap of one
+    token with a document cut to its BOS there, which never began and whose rest was discarded."""
+    if core == "c" and pack_core.IMPLEMENTATION != "c":
+        pytest.fail("the C core was not built; install with a C compiler (pip install -e .)")
+    docs = make_docs(lengths)
+    first = {int(d.ids[0]): k for k, d in enumerate(docs)}
+    C = seq_len + 1
+    begun = set()
+    for r, row in enumerate(crop_rows(lengths, seq_len, buffer_size, CORES[core], max_wait)):
+        starts = (np.cumsum(row.seg_lens) - row.seg_lens).tolist()
+        for at in starts:
+            assert at < C - 1, f"row {r}: document {first[int(row.tokens[at])]} starts in the label slot"
+            begun.add(first[int(row.tokens[at])])
+    assert begun == set(range(len(docs))), f"documents never begun: {sorted(set(range(len(docs))) - begun)}"
+
+
+def test_crop_leaves_a_one_token_gap_as_the_label_slot():
+    """A gap of one token mid-stream: the row's inputs end a whole document, its label slot is padding
+    (the end label), and the document that would have been cropped to its BOS there starts a later row."""
+    # C = 5: [4] then [3] cannot share a row; the gap after 4 tokens is the label slot.
+    for core in CORES.values():
+        rows = crop_rows([4, 3, 3, 4, 2], 4, 2, core)
+        assert [r.seg_lens.tolist() for r in rows][0] == [4]
+        assert int(rows[0].tokens[4]) == PAD
+        begun = [int(r.tokens[p]) for r in rows for p in (np.cumsum(r.seg_lens) - r.seg_lens).tolist() if p < 4]
+        assert sorted(begun) == [int(d.ids[0]) for d in make_docs([4, 3, 3, 4, 2])]
 
 
 @settings(max_examples=80, deadline=None)

@@ -16,7 +16,7 @@ from tokenloom.pipes.pack import core as pack_core
 from tokenloom.pipes.sources.memory import FromList
 
 from .resume import check_node_resume
-from .test_packing_properties import make_docs, positions, run, segments
+from .test_packing_properties import Watched, make_docs, positions, run, run_watched, segments
 
 PAD = -1
 # short documents and documents several rows long, as in real corpora
@@ -57,8 +57,19 @@ def test_token_bound_and_ramp_lose_nothing_and_resume_exactly(lengths, seq_len, 
         assert sorted(seen) == sorted(where), "every token comes out exactly once"
     else:
         assert len(seen) + stats["discarded"] == sum(lengths)
-        for row in out[:-1]:
-            assert int(row.seg_lens.sum()) == C, "crop pads only the last row"
+        source = Watched(docs)
+        watched, after_end = run_watched(BestFitPack(source, seq_len=seq_len, buffer_size=buffer_size, pad_id=PAD,
+                                                     mode=mode, buffer_tokens=rows * C, ramp=ramp), source)
+        for r, row in enumerate(watched[:-1]):
+            # crop pads only the rows it builds once upstream has ended (issue 42), and a label slot after
+            # a whole document (issue 42: a document placed there would be its BOS alone, a target only)
+            filled = int(row.seg_lens.sum())
+            d, o = where[int(row.tokens[filled - 1])]
+            assert after_end[r + 1] or filled == C or (filled == C - 1 and o == lengths[d] - 1), \
+                f"crop pads row {r} before upstream ended"
+        begun = {where[int(row.tokens[p])][0] for row in out for p in (np.cumsum(row.seg_lens) - row.seg_lens)
+                 if p < C - 1}
+        assert begun == set(range(len(docs))), "every document begins, its BOS an input"
     # exact resume from every step (the first 200), ramp and token bound included
     assert check_node_resume(build, max_steps=200, horizon=3) == min(len(out), 200)
 

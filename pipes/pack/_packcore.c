@@ -253,8 +253,10 @@ static PyObject *py_build_row(PyObject *self, PyObject *args) {
     for (;;) {
         /* The label slot: a row's last token is only the target of the input before it, so a
          * segment starting there would hold a token that is neither an input nor, after a whole
-         * document, a target (the end label replaces it). bestfit leaves it as padding. */
-        if (s < 0 && mode == MODE_BESTFIT && C - pos == 1) break;
+         * document, a target (the end label replaces it). Both modes leave it as padding: in crop a
+         * document placed there would be cut to its BOS, a target only, and never begin (issue 42);
+         * it stays whole in the buffer for a later row instead, and the row's inputs are full. */
+        if (s < 0 && C - pos == 1) break;
         if (s < 0 && f < nforced) {
             /* Overdue documents, oldest first, while they fit. */
             int c = forced[f];

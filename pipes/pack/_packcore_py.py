@@ -162,8 +162,8 @@ def build_row(docs: List[np.ndarray], masks: Optional[list], seq, ln, used, head
     f = 0
     s, take = _row_opener(ln, used, head, nxt, C, mode, nforced) if pos == 0 and nseg == 0 else (-1, 0)
     while True:
-        if s < 0 and mode == MODE_BESTFIT and C - pos == 1:
-            break  # the label slot stays padding (see _packcore.c)
+        if s < 0 and C - pos == 1:
+            break  # the label slot stays padding, in crop too (see _packcore.c)
         if s < 0 and f < nforced:
             c = int(forced[f])
             if _fits_overdue(seq, ln, used, opened, c, C, pos):

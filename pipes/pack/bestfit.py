@@ -13,8 +13,11 @@ the buffer size.
 ``bestfit`` never drops a token: padding appears only when no buffered
 document is longer than a row and nothing fits the gap. ``crop`` gives
 nanochat-compatible rows (each segment, so each row, starts with a document's
-first token; no padding) and discards the rest of every cropped document; its
-floor is the tokens beyond ``C`` of documents longer than a row. Once a finite
+first token; no padding among the inputs) and discards the rest of every cropped
+document; its floor is the tokens beyond ``C`` of documents longer than a row. A
+gap of one token is the label slot (the row's last token, a target only): as in
+``bestfit`` it stays padding after the whole document before it (whose label is the
+end label), since a document placed there would be its BOS alone and never begin. Once a finite
 upstream has ended, ``crop`` pads the gaps instead of cropping: the buffer then
 drains into its last rows, each buffered document whole (or its first ``C``
 tokens), so none is cut down to a scrap, or to its BOS alone in a row's label
@@ -99,7 +102,8 @@ class BestFitPack(Node[Row]):
         buffer_size: documents the buffer holds (documents arriving in pieces come on top, one a source).
         pad_id: the id padding rows are filled with.
         max_wait: pulls after which a buffered document is overdue (default ``buffer_size``).
-        mode: ``"bestfit"`` (nothing dropped) or ``"crop"`` (rows start with a document, never padded).
+        mode: ``"bestfit"`` (nothing dropped) or ``"crop"`` (rows start with a document; padded
+            only in the label slot and once upstream has ended).
         min_fill: the least gap ``bestfit`` cuts from a long document rather than padding.
         buffer_tokens: tokens the buffer holds (default `resolve_buffer_tokens`).
         ramp: let the token bound grow from one row's worth (the first rows come sooner).

@@ -8,7 +8,9 @@ Rules for one row of ``C`` tokens (the same in ``_packcore.c`` and ``_packcore_p
    left, the oldest such gives the whole row (a full chunk; the bulk of long documents
    never waits);
 1. overdue documents (``forced``, oldest first) start the row while they fit;
-2. repeatedly place the largest next-segment that fits the space left; ties go to
+2. repeatedly place the largest next-segment that fits the space left (a row's last
+   token, the label slot, stays padding in both modes: only a target, it would hold no
+   input of a segment starting there, in ``crop`` a document's BOS alone); ties go to
    the oldest document (lowest sequence number). A document's next segment is
    ``min(remaining, C)`` tokens, so a document longer than a row is cut into chunks
    that each fit a row;
