@@ -19,8 +19,12 @@ import threading
 
 import pytest
 
+from tokenloom.pipes.sources import first_fetches
 from tokenloom.pipes.sources.from_uri import filesystem_settings, is_aws_endpoint, sdk_environment, sdk_settings
+from tokenloom.recipes import pretrain
 
+from .conftest import synthetic_texts, write_corpus
+from .test_readahead import _load_remote_benchmark
 from .test_s3 import BUCKET, _uri, s3  # noqa: F401 (fixture)
 
 _LIST_AND_FORK = r"""
@@ -119,3 +123,40 @@ def test_a_copy_is_told_the_region_of_its_original(monkeypatch):
     fs = pafs.S3FileSystem(region="ap-south-1", endpoint_override="127.0.0.1:9", scheme="http")
     assert filesystem_settings(fs, {}) == {"AWS_REGION": "ap-south-1", "AWS_EC2_METADATA_DISABLED": "true"}
     assert filesystem_settings(pafs.LocalFileSystem(), {}) == {}
+
+
+def test_a_stopped_proxy_refuses_connections():
+    """A request to a proxy that was stopped is refused at once (it was accepted by the kernel and never
+    answered: the S3 client waited ~99 s, and every new client of the process behind it)."""
+    bench = _load_remote_benchmark()
+    port = bench._free_port()
+    proxy = bench.slow_proxy(port, bench._free_port(), 0.0, 50e6)
+    proxy.shutdown()
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+
+
+def test_first_fetches_that_do_not_end_stop_the_workers_start_with_a_clear_error(tok_path, tmp_path, monkeypatch):
+    """The loader forks its workers only once the first fetches have no request in flight; after
+    ``FIRST_WAIT`` it raises naming the files instead (it forked, and the workers could wait for ever)."""
+    monkeypatch.setattr(first_fetches, "FIRST_WAIT", 0.5)
+    release = threading.Event()
+
+    class Hanging:
+        def read_at(self, n, off):
+            release.wait(60)
+            return b"\0" * n
+
+        def close(self):
+            pass
+
+    stuck = first_fetches.FirstFetches([((0, 0), Hanging(), 100, [(0, 10)])], names={0: "s3://bucket/a.parquet"})
+    paths = write_corpus(str(tmp_path), synthetic_texts(60, seed=3), files=2, row_group_size=10)
+    loader = pretrain(paths, tokenizer=tok_path, num_workers=1, seq_len=63, batch_size=2, buffer_size=8, seed=1)
+    try:
+        with pytest.raises(TimeoutError, match=r"'s3://bucket/a\.parquet'.*TOKENLOOM_READAHEAD=0"):
+            next(iter(loader))
+    finally:
+        release.set()
+        assert stuck.wait(30)
+    assert next(iter(loader))["input_ids"].shape == (2, 63), "once the fetches end, the workers start"
