@@ -160,3 +160,39 @@ def test_first_fetches_that_do_not_end_stop_the_workers_start_with_a_clear_error
         release.set()
         assert stuck.wait(30)
     assert next(iter(loader))["input_ids"].shape == (2, 63), "once the fetches end, the workers start"
+
+
+def test_a_child_forked_during_a_build_can_build_and_has_the_environment_as_it_was(monkeypatch):
+    """A fork while another thread builds a filesystem: the child does not inherit the build's held lock
+    (its own builds would wait for ever) nor the variables set for the build."""
+    import signal
+
+    monkeypatch.delenv("AWS_EC2_METADATA_DISABLED", raising=False)
+    inside, leave = threading.Event(), threading.Event()
+
+    def build():
+        with sdk_environment({"AWS_EC2_METADATA_DISABLED": "true"}):
+            inside.set()
+            leave.wait(30)
+
+    t = threading.Thread(target=build)
+    t.start()
+    try:
+        assert inside.wait(30)
+        pid = os.fork()
+        if pid == 0:
+            code = 4
+            try:
+                signal.signal(signal.SIGALRM, signal.SIG_DFL)  # a held lock: killed instead of waiting for ever
+                signal.alarm(20)
+                ok = "AWS_EC2_METADATA_DISABLED" not in os.environ
+                with sdk_environment({"AWS_EC2_METADATA_DISABLED": "true"}):
+                    pass
+                code = 0 if ok else 3
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+    finally:
+        leave.set()
+        t.join()
+    assert os.waitstatus_to_exitcode(status) == 0, f"the child ended with {os.waitstatus_to_exitcode(status)}"

@@ -39,10 +39,14 @@ from typing import Dict, Iterator, Mapping, Optional, Tuple
 
 import pyarrow.fs as pafs
 
+from ..process_hooks import at_fork
+
 #: Hosts of AWS's own S3 endpoints: an endpoint under one of these may need the instance's role.
 AWS_HOSTS = ("amazonaws.com", "amazonaws.com.cn", "api.aws")
 
 _ENV_LOCK = threading.Lock()
+#: While a build runs: the values its settings replaced (a child forked meanwhile puts them back).
+_REPLACED: Dict[str, Optional[str]] = {}
 
 
 def _host(endpoint: str) -> str:
@@ -97,17 +101,31 @@ def sdk_environment(settings: Mapping[str, str]) -> Iterator[None]:
     if not settings:
         yield
         return
+    at_fork("from_uri", after_in_child=_after_fork_in_child)
     with _ENV_LOCK:
-        before = {k: os.environ.get(k) for k in settings}
+        _REPLACED.update({k: os.environ.get(k) for k in settings})
         os.environ.update(settings)
         try:
             yield
         finally:
-            for k, v in before.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+            _put_back()
+
+
+def _put_back() -> None:
+    for k, v in _REPLACED.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    _REPLACED.clear()
+
+
+def _after_fork_in_child() -> None:
+    """A child forked while another thread built a filesystem: that thread is not here to put the
+    environment back or let go of the lock (held, it would stop this process's builds for ever)."""
+    global _ENV_LOCK
+    _put_back()
+    _ENV_LOCK = threading.Lock()
 
 
 def filesystem_from_uri(uri: str) -> Tuple[pafs.FileSystem, str]:
