@@ -93,7 +93,7 @@ class _Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
     def shutdown(self) -> None:
         """Stop serving and close the listening socket. Left open, the kernel still completes connections to
         it and nobody answers their requests: a request still made to a stopped proxy (a read-ahead left
-        running by an earlier loader) then waits out the S3 client's timeouts (three tries, ~99 s), and the
+        running by an earlier loader) then waits out the S3 client's timeouts and tries, and the
         process's other S3 clients wait behind it (docs/reliability.md), instead of being refused at once."""
         super().shutdown()
         self.server_close()
