@@ -90,6 +90,14 @@ class _Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
     def handle_error(self, request: Any, client_address: Any) -> None:
         pass  # a client that went away (a run ended) is not news
 
+    def shutdown(self) -> None:
+        """Stop serving and close the listening socket. Left open, the kernel still completes connections to
+        it and nobody answers their requests: a request still made to a stopped proxy (a read-ahead left
+        running by an earlier loader) then waits out the S3 client's timeouts and tries, and the
+        process's other S3 clients wait behind it (docs/reliability.md), instead of being refused at once."""
+        super().shutdown()
+        self.server_close()
+
 
 def slow_proxy(port: int, upstream: int, latency: float, bandwidth: float,
                log: Optional[List[tuple]] = None) -> _Server:

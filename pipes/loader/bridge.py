@@ -48,6 +48,7 @@ from .tally import Tally
 from .node_dataset import GraphFactory, NodeDataset, ShardContext  # noqa: F401 (re-exported)
 from ..compat.accelerate import AcceleratePrepared
 from ..compat.torchdata import IteratorHook, current_iterator, keep_snapshots_flat, nested_snapshot
+from ..sources.first_fetches import wait_before_fork
 from .wire import STATS_KEY
 from .wire_ring import make_rings, uses_fork
 from .worker_start import WORKER_START
@@ -180,6 +181,7 @@ class TokenLoomLoader(AcceleratePrepared, IteratorHook, StatefulDataLoader):
         if self.ring_bytes and uses_fork(self.multiprocessing_context):
             self.dataset.rings = make_rings(self.num_workers, self.ring_bytes)
         if self.num_workers > 0 and uses_fork(self.multiprocessing_context):
+            wait_before_fork()  # a clear error where a fork would leave the workers waiting for ever
             # torch's worker loop seeds numpy.random, which numpy 2 imports on first use: imported here
             # once, forked workers inherit it instead of each importing it (~10 ms a worker at start-up).
             import numpy.random  # noqa: F401

@@ -50,6 +50,7 @@ import pyarrow.fs as pafs
 
 from ..shard import WorkSlice
 from .files import SourceFile, _redact
+from .from_uri import filesystem_from_uri
 from .listing_at_once import LIST_THREADS
 from .memory import FromList
 from .readers import SourcePlan
@@ -73,7 +74,7 @@ def open_root(spec: str) -> Tuple[pafs.FileSystem, str, str]:
     """(filesystem, path on it, how to show it) of a cache directory given as a path or URI."""
     spec = os.fspath(spec)
     if "://" in spec:
-        fs, path = pafs.FileSystem.from_uri(spec)
+        fs, path = filesystem_from_uri(spec)
         return fs, path.rstrip("/"), _redact(spec.split("?", 1)[0], spec)
     path = os.path.abspath(os.path.expanduser(spec))
     return pafs.LocalFileSystem(), path, path

@@ -41,7 +41,6 @@ import contextlib
 import functools
 import hashlib
 import os
-import pickle
 import re
 import threading
 from collections import OrderedDict
@@ -49,6 +48,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import pyarrow.fs as pafs
+
+from .from_uri import copy_filesystem, filesystem_from_uri
+
 
 def sft_advice(column: str) -> str:
     """How to train on ``column`` when it holds conversations (lists of messages) where a text
@@ -108,7 +110,7 @@ def process_fs(fs: pafs.FileSystem) -> pafs.FileSystem:
             copy = next((c for o, c in _PROCESS_FS.values() if _same(o, fs)), None)
             if copy is None:
                 try:
-                    copy = pickle.loads(pickle.dumps(fs))
+                    copy = copy_filesystem(fs)
                 except Exception:  # a filesystem that does not pickle (a Python handler) is used as it is
                     copy = fs
             hit = _PROCESS_FS[id(fs)] = (fs, copy)
@@ -324,7 +326,7 @@ def shared_filesystems(specs: Sequence[Any] = ()) -> Iterator[None]:
             if "://" not in uri:
                 continue
             try:
-                fs, path = pafs.FileSystem.from_uri(uri)
+                fs, path = filesystem_from_uri(uri)
             except Exception:  # noqa: BLE001 - a bad URI is reported when its source is listed
                 continue
             fs = by_key.setdefault(_share_key(uri), fs)
@@ -350,7 +352,7 @@ def _split_uri(spec: str) -> Tuple[pafs.FileSystem, str, str]:
     if "://" in spec:
         with _SHARED_LOCK:
             hit = next((by_uri[spec] for by_uri, _ in reversed(_SHARED) if spec in by_uri), None)
-        fs, path = hit if hit is not None else pafs.FileSystem.from_uri(spec)
+        fs, path = hit if hit is not None else filesystem_from_uri(spec)
         return fs, path, spec.split("://", 1)[0] + "://"
     return pafs.LocalFileSystem(), os.path.abspath(os.path.expanduser(spec)), ""
 

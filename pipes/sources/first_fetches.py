@@ -61,7 +61,7 @@ FIRST_HOLE = 64 << 10
 #: ... up to this many bytes: a few short requests at once instead of one per unit (the units of a shard's
 #: first MiB can be dozens of small row groups, and requests beyond the pool's threads wait a round trip).
 FIRST_PART = 512 << 10
-#: Seconds a fork waits for first fetches still in flight (see `FirstFetches`).
+#: Seconds a fork waits for first fetches still in flight (see `FirstFetches` and `wait_before_fork`).
 FIRST_WAIT = 30.0
 
 #: First fetches with requests in flight in this process (a fork waits for them).
@@ -116,8 +116,11 @@ class FirstFetches:
     """
 
     def __init__(self, items: Sequence[Tuple[Key, Any, int, List[Tuple[int, int]]]] = (),
-                 handles: Optional[Mapping[int, Any]] = None, forks: Optional[int] = None):
+                 handles: Optional[Mapping[int, Any]] = None, forks: Optional[int] = None,
+                 names: Optional[Mapping[int, str]] = None):
         self._cond = threading.Condition(threading.Lock())
+        self.names: Dict[int, str] = dict(names or {})  # file index -> URI, for messages
+        self._flying: Dict[int, int] = {}  # file index -> requests in flight
         self._chunks: Dict[Key, Tuple[int, List[Tuple[int, bytes]]]] = {}
         self._sizes: Dict[Key, int] = {}
         self._left = 0
@@ -140,6 +143,8 @@ class FirstFetches:
                 self._sizes[key] = sum(n for _, n in ranges)
             requests = first_requests(items)
             self._left += len(requests)
+            for _, _, _, members in requests:
+                self._flying[members[0][0][0]] = self._flying.get(members[0][0][0], 0) + 1
         if not requests:
             return 0
         file_size = {key: size for key, _, size, _ in items}
@@ -165,6 +170,10 @@ class FirstFetches:
                 if data is None:
                     self.errors += 1
                 self._left -= 1
+                i = members[0][0][0]
+                self._flying[i] -= 1
+                if not self._flying[i]:
+                    del self._flying[i]
                 if self._left == 0:
                     self._cond.notify_all()
                     close = self._idle_handles()
@@ -212,6 +221,11 @@ class FirstFetches:
         with self._cond:
             return self._cond.wait_for(lambda: self._left == 0, timeout)
 
+    def in_flight(self) -> List[str]:
+        """The files (URIs where known) with a request of these fetches in flight."""
+        with self._cond:
+            return [self.names.get(i, f"file {i}") for i in sorted(self._flying)]
+
     def forked(self) -> None:
         """In the building process, after a fork: past ``forks`` of them, let go of the bytes."""
         if self.forks_left is None:
@@ -233,6 +247,7 @@ class FirstFetches:
         self._chunks = state["chunks"]
         self._sizes = {key: sum(len(d) for _, d in chunks) for key, (_, chunks) in self._chunks.items()}
         self._left, self.errors, self.forks_left = 0, 0, None
+        self.names, self._flying = {}, {}
         self.handles, self._close_when_idle, self._owner = None, True, os.getpid()
 
 
@@ -261,7 +276,8 @@ def start_first_fetches(units: Any, column: Optional[str], *, shards: Sequence[i
             node = ShardUnits(units.rows, shard=g, num_shards=num_shards, seed=seed, epochs=epochs)
             node.reset(None)
             upcoming.append(node.ahead())
-        units.first = FirstFetches(handles=handles, forks=forks)
+        names = {i: f.uri or f.path for i, f in enumerate(units.files)}
+        units.first = FirstFetches(handles=handles, forks=forks, names=names)
         units.first.add(_first_items(units, of, upcoming, min(FIRST_BYTES, budget), units.first))
         return units.first
     except Exception:  # noqa: BLE001 - only an early start: the workers fetch what is not here
@@ -379,13 +395,42 @@ def _close_all(handles: Sequence[Any]) -> None:
             pass
 
 
-def _before_fork() -> None:
-    """A fork waits for the first fetches in flight (see `FirstFetches`)."""
+def _still_in_flight(timeout: float) -> List[str]:
+    """Wait up to ``timeout`` s until no first fetch of this process has a request in flight; the files
+    of those still in flight then (none: all ended)."""
     with _LIVE_LOCK:
         live = list(_FIRST_LIVE)
-    deadline = time.monotonic() + FIRST_WAIT
+    deadline = time.monotonic() + timeout
     for ff in live:
         ff.wait(max(0.0, deadline - time.monotonic()))
+    return sorted({name for ff in live for name in ff.in_flight()})
+
+
+def wait_before_fork(timeout: Optional[float] = None) -> None:
+    """Called by the loader before it forks its workers: wait until the first fetches of this process
+    have no request in flight (at most ``timeout`` s, default ``FIRST_WAIT``), else raise `TimeoutError`
+    naming the files. A fork with a request in flight is not an option: pyarrow's S3 client waits, before
+    it makes a request or a new client, for the requests of the process's other clients to end, and in
+    the child the parent's requests never end, so each worker would wait for ever."""
+    timeout = FIRST_WAIT if timeout is None else timeout
+    stuck = _still_in_flight(timeout)
+    if stuck:
+        shown = ", ".join(repr(s) for s in stuck[:3]) + (f" and {len(stuck) - 3} more" if len(stuck) > 3 else "")
+        raise TimeoutError(
+            f"the first units of the loader's workers, fetched before they start, were still being read after "
+            f"{timeout:g} s (from {shown}): the store does not answer. Workers forked now would wait for ever "
+            "(a forked process's S3 client waits for its parent's requests, which never end there). Check that "
+            "the endpoint answers (the URI's endpoint_override=, scheme=, the network), or set "
+            "TOKENLOOM_READAHEAD=0 to start the workers without fetching first.")
+
+
+def _before_fork() -> None:
+    """Any fork waits for the first fetches in flight (see `FirstFetches`); the loader's own forks were
+    checked by `wait_before_fork` already, which raises where this can only warn."""
+    stuck = _still_in_flight(FIRST_WAIT)
+    if stuck:
+        log.warning("forking with first fetches still in flight after %g s (%s): the child's S3 requests may "
+                    "wait for ever; check that the store answers", FIRST_WAIT, ", ".join(stuck[:3]))
 
 
 def _after_fork_in_parent() -> None:

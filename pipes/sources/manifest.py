@@ -46,6 +46,7 @@ import pyarrow.fs as pafs
 
 from .parquet import TEXT, Footer, UnitTable, check_column, footers_or_errors, units_from_footers
 from .files import FORMAT_SUFFIXES, MANIFEST_NAME, SourceFile, _redact, resolve_files
+from .from_uri import filesystem_from_uri
 
 FORMAT = "tokenloom.index"
 VERSION = 2  # 2: the footer hash of every file
@@ -63,7 +64,7 @@ def _base(f: SourceFile) -> str:
 
 def _location(where: str) -> Tuple[pafs.FileSystem, str]:
     if "://" in where:
-        return pafs.FileSystem.from_uri(where)
+        return filesystem_from_uri(where)
     return pafs.LocalFileSystem(), os.path.abspath(os.path.expanduser(where))
 
 
