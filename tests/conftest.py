@@ -65,3 +65,12 @@ def real_corpus(tmp_path_factory):
     """The standard library's sources and docstrings as two parquet sources."""
     root = tmp_path_factory.mktemp("stdlib")
     return build_demo_corpus(str(root), max_docs_per_source=500)
+
+
+@pytest.fixture(scope="session")
+def demo_corpus(tmp_path_factory):
+    """The whole demo corpus (`build_demo_corpus`, as `tokenloom demo` reads it), built once per test
+    process: its sources as `build_demo_corpus` returns them, and "root", the folder (a subprocess
+    given it reuses the files). Read only: a test that changes files makes a corpus of its own."""
+    root = tmp_path_factory.mktemp("demo_corpus")
+    return {**build_demo_corpus(str(root)), "root": str(root)}
