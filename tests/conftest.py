@@ -60,11 +60,24 @@ def corpus(tmp_path_factory):
     return str(root / "*.parquet"), texts
 
 
+def _built_once(tmp_path_factory, name, build):
+    """``build(folder)``, once for the whole run: under xdist the test processes share the folder (in
+    the run's temporary directory, above each process's own), the first builds it under a file lock
+    and the others reuse it (``build`` must reuse what is there: `build_demo_corpus` does, from its
+    manifest). Walking the standard library takes 5-10 s a build on a loaded 2-core machine."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return build(str(tmp_path_factory.mktemp(name)))
+    from filelock import FileLock
+
+    shared = tmp_path_factory.getbasetemp().parent / name
+    with FileLock(str(shared) + ".lock"):
+        return build(str(shared))
+
+
 @pytest.fixture(scope="session")
 def real_corpus(tmp_path_factory):
-    """The standard library's sources and docstrings as two parquet sources."""
-    root = tmp_path_factory.mktemp("stdlib")
-    return build_demo_corpus(str(root), max_docs_per_source=500)
+    """The standard library's sources and docstrings as two parquet sources. Read only."""
+    return _built_once(tmp_path_factory, "stdlib", lambda root: build_demo_corpus(root, max_docs_per_source=500))
 
 
 @pytest.fixture(scope="session")
@@ -72,8 +85,7 @@ def demo_corpus(tmp_path_factory):
     """The whole demo corpus (`build_demo_corpus`, as `tokenloom demo` reads it), built once per test
     process: its sources as `build_demo_corpus` returns them, and "root", the folder (a subprocess
     given it reuses the files). Read only: a test that changes files makes a corpus of its own."""
-    root = tmp_path_factory.mktemp("demo_corpus")
-    return {**build_demo_corpus(str(root)), "root": str(root)}
+    return _built_once(tmp_path_factory, "demo_corpus", lambda root: {**build_demo_corpus(root), "root": root})
 
 
 # --- the order the tests are handed out in -----------------------------------------------------------
