@@ -25,9 +25,11 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n auto --maxprocesses 4
 
-# The token-level oracle over random scenarios (tests/oracle_fuzz.py): MINUTES of them, or N from START.
+# The long runs `make test` leaves out (tests marked soak: stress loops, more random scenarios), then
+# the token-level oracle over random scenarios (tests/oracle_fuzz.py): MINUTES of them, or N from START.
 MINUTES ?= 30
 fuzz: $(STAMP)
+	$(BIN)/python -m pytest -q -n auto --maxprocesses 4 -m soak
 	$(BIN)/python -m tests.oracle_fuzz $(if $(N),--n $(N) --start $(or $(START),10000),--minutes $(MINUTES))
 
 # tokenloom beside the loaders users pick instead (benchmarks/peers.py), in a venv of its own so that

@@ -2,7 +2,8 @@
 audit: the audit raises when a thread forks while another thread is inside its own fork.
 CPython 3.12+ installs the audit with filelock; on 3.11 it is added here, as there.
 
-usage: fork_race_job.py TIMES    prints the errors the threads met (a JSON list)
+usage: fork_race_job.py TIMES [CORPUS_DIR]    prints the errors the threads met (a JSON list)
+CORPUS_DIR: where the demo corpus is (or is built; reused when already there); a new folder if not given.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from tokenloom.sample_data import build_demo_corpus  # noqa: E402
 
 def main() -> None:
     times = int(sys.argv[1])
-    sources = build_demo_corpus(tempfile.mkdtemp())
+    sources = build_demo_corpus(sys.argv[2] if len(sys.argv) > 2 else tempfile.mkdtemp())
     errors = []
     together = threading.Barrier(2, timeout=60)  # both start their workers at the same instant
 

@@ -67,13 +67,13 @@ def test_the_recipes_nodes_declare_their_roles():
     assert all(isinstance(cls, type) and issubclass(cls, graph.Branch) for cls in (Tokenize, RenderChat))
 
 
-def test_a_recipes_graph_is_walked_from_the_batch_to_every_sharder(tmp_path):
+def test_a_recipes_graph_is_walked_from_the_batch_to_every_sharder(demo_corpus):
     """pretrain's graph of two sources: every reader and sharder is reached through declared parents."""
     from tokenloom.pipes.loader.bridge import ShardContext
     from tokenloom.recipes import pretrain
-    from tokenloom.sample_data import build_demo_corpus
 
-    loader = pretrain(build_demo_corpus(str(tmp_path)), tokenizer="demo", seq_len=64, batch_size=2)
+    sources = {k: demo_corpus[k] for k in ("code", "prose")}
+    loader = pretrain(sources, tokenizer="demo", seq_len=64, batch_size=2)
     root = loader.dataset.factory(ShardContext(0, 1, 0, 0))
     roles = [graph.role_of(n) for n in graph.walk(root)]
     assert roles.count(graph.READER) == roles.count(graph.SHARD) == roles.count(graph.BRANCH) == 2

@@ -92,8 +92,12 @@ def test_hf_trainer_refuses_a_checkpoint_without_the_loader_state(corpus, tok_pa
 
 # --- PyTorch Lightning ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("package", ["lightning", "pytorch_lightning"])
-@pytest.mark.parametrize("how", ["datamodule", "loader"])
+# The datamodule is tokenloom's own class, one per package: both packages. The loader as the module's
+# train_dataloader() goes through Lightning's loop only, the same code in both packages: one in
+# `make test`, the other under `make fuzz` (-m soak).
+@pytest.mark.parametrize("how,package", [("datamodule", "lightning"), ("datamodule", "pytorch_lightning"),
+                                         ("loader", "lightning"),
+                                         pytest.param("loader", "pytorch_lightning", marks=pytest.mark.soak)])
 def test_lightning_resumes_from_a_mid_epoch_checkpoint_exactly(corpus, tok_path, tmp_path, package, how):
     """Lightning fetches a batch ahead: the loader's own state at a checkpoint resumed one batch
     late (the uninterrupted run's step 6 came first, step 5 was never trained). Exact with

@@ -43,13 +43,13 @@ def test_every_buffer_size_ends_its_epoch_with_data_in_every_row(corpora, n_sour
         assert oracle.rows > 0
 
 
-def test_the_demo_corpus_with_a_buffer_of_two_ends_its_epoch(tmp_path):
+def test_the_demo_corpus_with_a_buffer_of_two_ends_its_epoch(demo_corpus):
     """The issue's own case: two sources of the demo corpus, buffer_size=2, one epoch. It gave 45,000
     batches in 15 s and went on; buffer_size=3 ends at ~3,400."""
     from tokenloom.recipes import pretrain
-    from tokenloom.sample_data import build_demo_corpus
 
-    loader = pretrain(build_demo_corpus(str(tmp_path)), tokenizer="demo", weights={"code": 1, "prose": 1},
+    sources = {k: demo_corpus[k] for k in ("code", "prose")}
+    loader = pretrain(sources, tokenizer="demo", weights={"code": 1, "prose": 1},
                       seq_len=512, batch_size=4, buffer_size=2, epochs=1, num_workers=0)
     padded = None
     for n, batch in enumerate(loader):

@@ -209,7 +209,8 @@ PAD_JOB = os.path.join(os.path.dirname(__file__), "pad_resume_job.py")
 @pytest.mark.slow
 def test_two_ranks_resume_from_a_padding_step_and_the_last_step(corpus, tok_path, tmp_path):
     """A state saved while one rank pads, and one saved at the epoch's last step, resume into
-    the uninterrupted batches on both ranks: the rest of the epoch, then the next epoch."""
+    the uninterrupted batches on both ranks: the rest of the epoch, then the next epoch. The three
+    resumes run in one launch, each into a freshly built loader (a new process each: the test above)."""
     glob, _ = corpus  # heavy-tailed lengths: the ranks' batch counts differ
     out = tmp_path / "out"
     out.mkdir()
@@ -221,12 +222,13 @@ def test_two_ranks_resume_from_a_padding_step_and_the_last_step(corpus, tok_path
     pad_rank = 0 if padding[0] else 1
     assert padding[pad_rank] and padding[pad_rank][0] < n - 1, f"one rank must pad for several steps: {padding}"
     first_pad_step = padding[pad_rank][0] + 1  # the state saved after the first padding batch
-    for step in (first_pad_step, n - 1, n):
-        resumed = _torchrun("resume", glob, tok_path, str(out), "1", str(step), job=PAD_JOB)
+    steps = (first_pad_step, n - 1, n)
+    resumed = _torchrun("resume", glob, tok_path, str(out), "1", *map(str, steps), job=PAD_JOB)
+    for step in steps:
         for r in (0, 1):
             rest, second = torch.load(out / f"resume{step}_rank{r}.pt", weights_only=False)
             want_rest, want_second = full[r][0][step:], full[r][1]
-            assert resumed[r]["batches"] == len(want_rest), (
+            assert resumed[r]["batches"][str(step)] == len(want_rest), (
                 f"rank {r} resumed after step {step} of {n}: {len(rest)} batches, expected {len(want_rest)}")
             for j, (a, b) in enumerate(zip(rest, want_rest)):
                 assert items_equal(a, b), f"rank {r} resumed after step {step}: batch {step + j} differs"

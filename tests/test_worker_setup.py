@@ -74,13 +74,16 @@ def test_reading_parquet_does_not_import_pandas(corpus, tok_path):
     assert out.stdout.strip().splitlines()[-1] == "False"
 
 
-def test_loaders_started_from_two_threads_at_once_fork_one_at_a_time():
+@pytest.mark.slow
+@pytest.mark.parametrize("times", [3, pytest.param(12, marks=pytest.mark.soak)])
+def test_loaders_started_from_two_threads_at_once_fork_one_at_a_time(demo_corpus, times):
     """Issue 34: on a GPU machine's Python (3.12, filelock auditing forks) two ranks simulated as threads
     failed with 'os.fork is unsafe while filelock is changing descriptor ownership': each started its
-    workers while the other was inside its fork. Loader starts in one process now take turns."""
+    workers while the other was inside its fork. Loader starts in one process now take turns.
+    3 rounds of both ranks starting at once in `make test`; 12 under `make fuzz` (-m soak)."""
     pytest.importorskip("filelock._core._fork")
     job = os.path.join(os.path.dirname(__file__), "fork_race_job.py")
-    proc = subprocess.run([sys.executable, job, "8"], capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    proc = subprocess.run([sys.executable, job, str(times), demo_corpus["root"]], capture_output=True, text=True,
+                          timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().splitlines()[-1] == "[]", proc.stdout[-2000:]
