@@ -47,9 +47,11 @@ def test_after_fastokens_ran_in_the_training_process_workers_start_clean(fresh, 
     assert fresh["start_method"] == "fork" and fresh["batches"] > 10
 
 
-@pytest.mark.parametrize("case", ["tokenizers", "tiktoken", "torch", "pyarrow"])
-def test_after_other_libraries_threads_the_batches_are_those_of_a_fresh_process(fresh, corpus, tok_path, case):
-    got, _ = _run(case, corpus[0], tok_path)
+def test_after_other_libraries_threads_the_batches_are_those_of_a_fresh_process(fresh, corpus, tok_path):
+    """`tokenizers`' parallel batch, tiktoken's thread pool, torch's intra-op threads and pyarrow's reads,
+    one after the other in one training process (each alone: ``python -m tests.fork_after_threads_job
+    tokenizers ...``)."""
+    got, _ = _run("others", corpus[0], tok_path)
     assert got == fresh  # forked as usual: these libraries' pools survive a fork or are not inherited
 
 
