@@ -244,7 +244,9 @@ def _builder(sc: Scenario, corpus, weights: Optional[Dict[str, float]]):
 
 
 class _Prefetched:
-    """A loader read through a DevicePrefetcher: iterates it, saves the prefetcher's state."""
+    """A loader read through a DevicePrefetcher: iterates it; its state and stats are the prefetcher's
+    (as of the last batch handed to the loop), never the loader's, which describe the last batch the
+    prefetch thread fetched, up to ``depth`` ahead (and are read while that thread may be mid-fetch)."""
 
     def __init__(self, loader):
         from tokenloom.pipes.loader.prefetch import DevicePrefetcher
@@ -258,7 +260,7 @@ class _Prefetched:
         return self.pre.state_dict()
 
     def stats(self):
-        return self.loader.stats()
+        return self.pre.stats()
 
 
 def run_scenario(sc: Scenario, root: str, *, limit: float = LIMIT) -> Dict[str, int]:

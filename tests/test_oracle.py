@@ -282,6 +282,33 @@ def test_stats_right_after_an_elastic_resume(tmp_path):
             assert 0 <= loader.stats()["progress"]["fraction"] <= 1
 
 
+def test_fuzzer_reads_a_prefetched_hops_stats_as_of_the_handed_batches(tmp_path):
+    """Seed 10199 (flaky, about one run in three): a hop through a DevicePrefetcher, then
+    loader.stats()'s documents checked against those begun in the batches the loop received. The
+    fuzzer's wrapper asked the loader, whose counters are those of the last batch the prefetch
+    thread fetched (up to ``depth`` ahead of the loop, or one being fetched as it read them);
+    the prefetcher's own stats() are those of the last batch handed. Here the thread is let fill
+    its queue first, so the loader is always two batches ahead (fails before)."""
+    import time
+
+    from .oracle_fuzz import _Prefetched
+
+    corpus = make_corpus(str(tmp_path), {"a": ("json_array", 42), "b": ("jsonl_gz", 57)}, row=17, seed=10199)
+    oracle = Oracle(corpus, epochs=None, mode="bestfit", end_label=BOS)
+    wrapped = _Prefetched(builder(corpus, seq_len=16, epochs=None, buffer_size=64)(0, 1, 0, None))
+    it = iter(wrapped)
+    for k in range(5):
+        oracle.feed(next(it), f"step {k}", (0, 0, 0), 0)
+    end = time.monotonic() + 30
+    while wrapped.pre._fetcher.ready.qsize() < wrapped.pre.depth:  # the thread holds `depth` batches ahead
+        assert time.monotonic() < end, "the prefetch thread did not fill its queue"
+        time.sleep(0.01)
+    stats = wrapped.stats()
+    wrapped.pre.close()
+    oracle.check_documents({n: stats["sources"][n]["documents"] for n in corpus.sources}, "prefetched stats()")
+    oracle.finish(complete=False)
+
+
 # --- 7. random scenarios, seeded (make fuzz runs many more) -----------------------------------------
 
 #: Seeds of the CI run: the first ones of the driver's range plus seeds that once failed (10007: two jsonl

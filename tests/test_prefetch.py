@@ -260,3 +260,39 @@ def test_the_loop_s_previous_batch_is_dropped_in_the_fetch_thread(corpus, tok_pa
     assert set(freed_in) == {"tokenloom-prefetch"}
     del batch
     pf.close()
+
+
+EXIT_JOB = '''
+import torch
+from tokenloom.pipes.loader.prefetch import DevicePrefetcher
+
+class Busy:
+    """A loader whose every batch takes a while in torch code that releases the GIL."""
+    def __iter__(self):
+        a = torch.ones(600, 600)
+        while True:
+            for _ in range(20):
+                a = (a @ a).clamp_(max=1.0)
+            yield {"x": a[:1].clone()}
+    def state_dict(self):
+        return {}
+    def load_state_dict(self, state):
+        pass
+
+it = iter(DevicePrefetcher(Busy(), device="cpu"))
+next(it)  # then exit, the prefetcher never closed, its thread fetching the next batch
+'''
+
+
+def test_exit_while_the_thread_fetches(tmp_path):
+    """A script that stops iterating and exits while the fetch thread is inside torch code (oracle
+    seed 10194, now and then): the daemon thread was ended as it took the GIL back, through C++
+    frames, and the process aborted ("terminate called without an active exception", status 134)
+    after a good run. The exit hook stops the thread first (fails before: SIGABRT every time here)."""
+    import subprocess
+    import sys
+
+    job = tmp_path / "exit_job.py"
+    job.write_text(EXIT_JOB)
+    done = subprocess.run([sys.executable, str(job)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, f"exit status {done.returncode}: {done.stderr[-2000:]}"

@@ -53,14 +53,23 @@ thread had already fetched the round's end, the round's start state is reloaded
 so the loader does not move on to the next round behind the loop's back).
 Under torchrun with a finite epoch, the loader's per-step rank agreement then
 runs in the thread, on the loader's own gloo group (`rank_sync.py`).
+
+At interpreter exit (a loop that stops after its last step and never closes the prefetcher),
+every fetch thread still running is told to stop and waited for (`EXIT_WAIT_S`), in an
+``atexit`` hook: the thread is a daemon, and a daemon thread that is inside torch code with the
+GIL released when the interpreter finalizes is ended as it takes the GIL back, through C++ frames
+that may not be unwound, so the process aborted (``terminate called without an active exception``,
+exit status 134) after a run that had gone well.
 """
 
 from __future__ import annotations
 
+import atexit
 import copy
 import pickle
 import queue
 import threading
+import weakref
 from typing import Any, Dict, Iterator, NamedTuple, Optional, Union
 
 import torch
@@ -222,6 +231,23 @@ class DevicePrefetcher:
         return copy.deepcopy(self._handed_stats)
 
 
+#: Seconds the exit hook waits for each fetch thread still running to finish the fetch in progress.
+EXIT_WAIT_S = 10.0
+
+_running: "weakref.WeakSet[_Fetcher]" = weakref.WeakSet()  # fetch threads started and not yet ended
+
+
+@atexit.register
+def _stop_fetchers_at_exit() -> None:
+    """Stop every fetch thread still running, before the interpreter finalizes (module docstring)."""
+    fetchers = list(_running)
+    for f in fetchers:
+        f.stopping.set()
+    for f in fetchers:
+        if f.is_alive():
+            f.join(EXIT_WAIT_S)
+
+
 class _Fetcher(threading.Thread):
     """Fetches into ``ready`` while a slot is free; always ends with an `_End` or a `_Failed`."""
 
@@ -240,6 +266,7 @@ class _Fetcher(threading.Thread):
         self.retired: "list[Any]" = []
         self.ready: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
         self.stopping = threading.Event()
+        _running.add(self)
 
     def run(self) -> None:
         owner = self.owner
