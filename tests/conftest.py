@@ -90,9 +90,11 @@ def demo_corpus(tmp_path_factory):
 
 # --- the order the tests are handed out in -----------------------------------------------------------
 # Under xdist (`make test`: 2 processes on a 2-core machine) the tests are handed out in collection
-# order, two at a time (--maxschedchunk 2, set below): the longest end-to-end runs go first, so that
-# the short tests fill in around them and no process is left with a 30-second run at the end while
-# the other one is idle. The order of everything else is unchanged. Longest first, from `--durations`
+# order: the longest end-to-end runs go first, so that the short tests fill in around them and no
+# process is left with a 30-second run at the end while the other one is idle. (Handed out two at a
+# time, --maxschedchunk 2, the S3 modules' tests interleaved within a process and their module
+# servers' credentials failed: ACCESS_DENIED in test_cache_remote, test_readahead and
+# test_resume_first_fetches. The read-ahead tests stay in their modules' places for the same reason.) The order of everything else is unchanged. Longest first, from `--durations`
 # (name prefixes: every parametrization of a test); a name no longer here only moves back in line.
 LONGEST_FIRST = (
     "test_torchrun.py::test_dcp_elastic_resume_two_ranks_to_one_and_three",
@@ -113,17 +115,10 @@ LONGEST_FIRST = (
     "test_elastic.py::test_elastic_resume_property",
     "test_small_buffers.py::test_the_demo_corpus_with_a_buffer_of_two_ends_its_epoch",
     "test_worker_setup.py::test_loaders_started_from_two_threads_at_once_fork_one_at_a_time",
-    "test_readahead.py::test_first_units_fetched_by_the_building_process_are_not_fetched_again",
     "test_worker_orphans.py::test_workers_outlive_the_thread_that_started_them",
     "test_wire.py::test_the_main_state_is_torchdatas_at_every_step",
     "test_tiktoken_bpe.py::test_loader_with_workers_delivers_the_same_batches_on_both_engines_and_resumes_across",
-    "test_readahead.py::test_process_reading_ahead_in_its_training_loop_exits_cleanly",
 )
-
-
-def pytest_configure(config):
-    if getattr(config.option, "maxschedchunk", "absent") is None:  # xdist's option, not given
-        config.option.maxschedchunk = 2
 
 
 def pytest_collection_modifyitems(config, items):
