@@ -90,7 +90,7 @@ def corpus(folder: str, pages: int = 2000) -> str:
 
 
 #: Seconds since the build began at which each run notes the tokens delivered so far (the ramp to full speed).
-MARKS = (2.0, 5.0, 10.0, 20.0)
+MARKS = (2.0, 5.0, 10.0)
 
 
 def run_child(files: str, tok: str, engine: str, env: Dict[str, str], python: str = sys.executable,
