@@ -24,6 +24,13 @@ if "TOKENLOOM_CACHE" not in os.environ:
 
     os.environ["TOKENLOOM_CACHE"] = _tempfile.mkdtemp(prefix="tokenloom-test-cache-")
 
+# fastokens spreads a batch over a thread pool of its own, started by its first batched call in a
+# process. A training process in which that pool runs starts its loaders' workers with forkserver
+# (pipes/loader/fork_guard.py), so one test encoding with fastokens in the pytest process (any
+# num_workers=0 loader on the shipped tokenizer) would move every later test's workers off fork. The
+# test processes never start the pool; tests/test_fork_safety.py starts it in fresh interpreters.
+os.environ.setdefault("FASTOKENS_BPE_THREADS", "1")
+
 WORDS = ("the of and to in is was for on that with as by at from it an be this which or are "
          "loader token batch shard worker epoch resume packing buffer parquet row group").split()
 

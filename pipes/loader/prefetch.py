@@ -64,7 +64,6 @@ exit status 134) after a run that had gone well.
 
 from __future__ import annotations
 
-import atexit
 import copy
 import pickle
 import queue
@@ -74,6 +73,7 @@ from typing import Any, Dict, Iterator, NamedTuple, Optional, Union
 
 import torch
 
+from ..process_hooks import at_exit
 from .wakeup import quiet_wakeup
 
 
@@ -237,7 +237,6 @@ EXIT_WAIT_S = 10.0
 _running: "weakref.WeakSet[_Fetcher]" = weakref.WeakSet()  # fetch threads started and not yet ended
 
 
-@atexit.register
 def _stop_fetchers_at_exit() -> None:
     """Stop every fetch thread still running, before the interpreter finalizes (module docstring)."""
     fetchers = list(_running)
@@ -266,6 +265,7 @@ class _Fetcher(threading.Thread):
         self.retired: "list[Any]" = []
         self.ready: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
         self.stopping = threading.Event()
+        at_exit("prefetch", _stop_fetchers_at_exit)  # registered by the first prefetcher, not at import
         _running.add(self)
 
     def run(self) -> None:
