@@ -14,8 +14,9 @@ give them; Linux's /proc). Where there are any, the loader starts this iterator'
 ``forkserver`` instead of ``fork`` (bridge.py): a fork server is a fresh interpreter started for
 the purpose, and the workers forked from it inherit nothing of the training process. The batches
 are the same; the first one waits for the fork server to start and import the loader once, and
-batches cross through the pipe instead of the workers' shared-memory rings. A start method the
-user chose is kept as it is.
+batches cross through the pipe instead of the workers' shared-memory rings; the fork server keeps
+the environment of its start, so a variable the training process sets later does not reach its
+workers. A start method the user chose is kept as it is.
 """
 
 from __future__ import annotations
