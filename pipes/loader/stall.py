@@ -130,14 +130,21 @@ class StallWatch:
         started: Dict[int, float] = {}
         while time.monotonic() < deadline and len(started) < len(pids):
             for worker in pids:
-                if worker not in started and os.path.getsize(self._path(worker, "stack")) > 0:
+                try:
+                    dumped = os.path.getsize(self._path(worker, "stack")) > 0
+                except OSError:  # the folder removed meanwhile: reported as no stack dumped
+                    dumped = False
+                if worker not in started and dumped:
                     started[worker] = time.monotonic()
             time.sleep(0.05)
         time.sleep(0.1)  # a dump that has begun is whole a moment later
         stacks: Dict[int, str] = {}
         for worker in started:
-            with open(self._path(worker, "stack")) as f:
-                stacks[worker] = f.read()
+            try:
+                with open(self._path(worker, "stack")) as f:
+                    stacks[worker] = f.read()
+            except OSError:
+                continue
         return stacks
 
 
