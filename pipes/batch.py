@@ -37,7 +37,7 @@ parent's. A finite stream's last batch is filled with padding rows (all labels
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -252,6 +252,13 @@ class Batch(Node[Dict[str, torch.Tensor]]):
     def counts(self) -> Dict[str, List[int]]:
         """Per source: [tokens, document starts] delivered in batches so far."""
         return {n: list(c) for n, c in self._counts.items()}
+
+    def count_columns(self) -> Tuple[List[int], List[int]]:
+        """`counts` as two lists in the order of ``sources``: tokens, document starts (a batch's
+        statistics take them at every batch, without a list per source)."""
+        zero, got = (0, 0), self._counts.get
+        counts = [got(n, zero) for n in self.sources]
+        return [c[0] for c in counts], [c[1] for c in counts]
 
     def get_state(self) -> Dict[str, Any]:
         return {self.PARENT: self.parent.state_dict(), self.COUNTS: self.counts(),

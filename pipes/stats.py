@@ -47,7 +47,7 @@ class WithStats(Node[Dict[str, Any]]):
 
     def next(self) -> Dict[str, Any]:
         batch = next(self.parent)
-        values = tuple(int(x) for x in self.counters())
+        values = tuple(map(int, self.counters()))
         if len(values) != len(self.keys):
             raise RuntimeError(f"WithStats: counters() gave {len(values)} values for {len(self.keys)} keys")
         batch[STATS_KEY] = (self.worker, *values)

@@ -11,6 +11,7 @@ a worker calls it with its `ShardContext`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from tokenloom.pipes.batch import Batch
@@ -129,21 +130,26 @@ class PackedGraph:
         batch = Batch(packer, batch_size=pack.batch_size, seq_len=pack.seq_len, pad_id=specials["pad"],
                       sources=names, clock=clock, end_label=specials["end_label"])
 
+        source_readers = [readers[n] for n in names]
+        aheads = [getattr(r, "readahead_stats", None) for r in source_readers]
+
         def counters() -> List[int]:
+            # Once a batch, so per source in whole columns, zipped in C, not a Python step per value.
             pack = packer.stats()
-            delivered = batch.counts()
-            passes = mixer.source_stats() if mixer is not None else None
+            tokens, docs = batch.count_columns()
+            # passes completed: the mixer's count or, for one source (no mixer), the epoch its sharder
+            # is in (all of this round's epochs once its stream ended)
+            epochs = mixer.passes_started() if mixer is not None else \
+                [max(shards[n].next_epoch() - shards[n].first_epoch, 0) for n in names]
+            skipped = [getattr(r, "skipped", 0) for r in source_readers]  # text readers never skip
+            held = [0] * len(names)
+            peak = [0] * len(names)
+            for i, ahead in enumerate(aheads):
+                got = ahead() if ahead is not None else None
+                if got:
+                    held[i], peak[i] = got["held_bytes"], got["peak_bytes"]
             out = [pack[k] for k in PACK_STAT_KEYS]
-            for n in names:
-                tokens, docs = delivered.get(n, (0, 0))
-                # passes completed: the mixer's count or, for one source (no mixer), the epoch its sharder
-                # is in (all of this round's epochs once its stream ended)
-                epochs = passes[n]["epochs"] if passes is not None else \
-                    max(shards[n].next_epoch() - shards[n].first_epoch, 0)
-                out += [tokens, docs, epochs, getattr(readers[n], "skipped", 0)]  # text readers never skip
-                ahead = getattr(readers[n], "readahead_stats", None)
-                ahead = ahead() if ahead is not None else None
-                out += [ahead["held_bytes"], ahead["peak_bytes"]] if ahead else [0, 0]
+            out += chain.from_iterable(zip(tokens, docs, epochs, skipped, held, peak))
             if renderers:
                 per = [r.counts() for r in renderers]
                 out += [sum(c[k] for c in per) for k in RenderChat.COUNT_KEYS]

@@ -78,6 +78,8 @@ state is at most ~1000 small ints, a few KB.
 from __future__ import annotations
 
 from collections import deque
+from heapq import heapify, heappop, heappush
+from itertools import chain
 from typing import Any, Deque, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -175,6 +177,11 @@ class BestFitPack(Node[Row]):
         self._slot_of: Dict[int, int] = {}  # seq -> slot
         self._docs: Dict[int, TokenDoc] = {}  # seq -> the buffered document (where it came from: elastic.py)
         self._ages: Deque[int] = deque()  # buffered seqs in pull order, lazily pruned: the front is the oldest
+        # Documents that came in pieces are kept apart from _ages: one a source may stay buffered, parked, for
+        # as long as its source takes to send the next piece, and a scan of _ages would step past each of them
+        # at every row. A heap of their seqs (the oldest, lazily pruned) and those that may be placeable.
+        self._pieced: List[int] = []
+        self._unparked: set = set()
         self._tok_at: Dict[int, int] = {}  # seq -> tokens pulled up to and including it (origin: reset or base)
         self._ckpts: Deque[Tuple[int, Dict[str, Any]]] = deque()
         self._pulled = 0
@@ -185,6 +192,7 @@ class BestFitPack(Node[Row]):
         self._replay_to = 0
         self._replay_live: Dict[int, int] = {}
         self._open: Dict[str, int] = {}  # source -> seq of its document arriving in pieces (pipes/pieces.py)
+        self._open_slot: Dict[str, int] = {}  # source -> that document's slot (an open slot is never freed)
         self._stats = new_stats()
         # Per slot, its document as a row of the save point's table (source index, 1, epoch, unit,
         # pos, used), filled in by get_state for the documents pulled since the previous one (savepoint.py).
@@ -240,8 +248,12 @@ class BestFitPack(Node[Row]):
         self._slot_of[seq] = self._slots.add(seq, doc.ids, used, doc.mask, doc.source, more)
         if more:
             self._open[doc.source] = seq
+            self._open_slot[doc.source] = self._slot_of[seq]
+            heappush(self._pieced, seq)
+            self._unparked.add(seq)
+        else:
+            self._ages.append(seq)
         self._docs[seq] = doc
-        self._ages.append(seq)
         self._tok_at[seq] = self._tokens
         self._held += len(doc.ids) - used
 
@@ -250,6 +262,7 @@ class BestFitPack(Node[Row]):
         the document is cut into rows as if it had come whole (pipes/pieces.py). Returns the tokens added
         (the caller counts them as held)."""
         seq = self._open[doc.source]
+        self._unparked.add(seq)  # a new piece may unpark it
         if doc.used != len(self._docs[seq].ids):
             raise RuntimeError(f"BestFitPack: a piece of source {doc.source!r} starts at token {doc.used}, but the "
                                f"piece before it ended at {len(self._docs[seq].ids)}; pieces must continue each other")
@@ -257,17 +270,29 @@ class BestFitPack(Node[Row]):
         self._docs[seq] = doc
         if not doc.more:
             del self._open[doc.source]
+            del self._open_slot[doc.source]
         return added
 
+    def _parked(self) -> Tuple[np.ndarray, np.ndarray]:
+        """The parked slots (open, a row or less left: `core.Slots.parked`) and the tokens each holds.
+        At most one open document a source: numpy over them, not a call each."""
+        slots = self._slots
+        slots.used_array()  # flushes the staged slots into the arrays
+        at = np.fromiter(self._open_slot.values(), np.int64, len(self._open_slot))
+        rest = slots.len[at].astype(np.int64) - slots.used[at]
+        parked = (slots.opened[at] != 0) & (rest <= slots.C)
+        return at[parked], rest[parked]
+
     def _parked_tokens(self) -> int:
-        slots, slot_of = self._slots, self._slot_of
-        return sum(slots.waiting(slot_of[q], parked=True) for q in self._open.values())
+        return int(self._parked()[1].sum())
 
     def _close_open(self) -> None:
         """Upstream ended with documents in pieces: what they hold ends them."""
         for seq in self._open.values():
             self._slots.close(self._slot_of[seq])
+            self._unparked.add(seq)
         self._open.clear()
+        self._open_slot.clear()
 
     def _replay(self) -> None:
         """Rebuild the buffer after a restore by re-reading the window [base, pulled)."""
@@ -344,8 +369,12 @@ class BestFitPack(Node[Row]):
                 self._slot_of[seq] = slots.add(seq, doc.ids, used, doc.mask, doc.source, more)
                 if more:
                     self._open[doc.source] = seq
+                    self._open_slot[doc.source] = self._slot_of[seq]
+                    heappush(self._pieced, seq)
+                    self._unparked.add(seq)
+                else:
+                    self._ages.append(seq)
                 self._docs[seq] = doc
-                self._ages.append(seq)
                 self._tok_at[seq] = total
                 if not more or n - used > C:  # else parked (core.Slots.parked)
                     held += n - used
@@ -356,33 +385,49 @@ class BestFitPack(Node[Row]):
         return self._ended
 
     def _oldest(self) -> Optional[int]:
-        ages, live = self._ages, self._slot_of
+        """The oldest buffered document's seq (None: the buffer is empty); prunes finished ones."""
+        ages, live, pieced = self._ages, self._slot_of, self._pieced
         if len(ages) > 2 * len(live) + 64:
             # Finished documents are only dropped off the front; the rest would make every
             # _overdue scan walk past them. Rebuilding when half are dead keeps it amortised O(1).
             self._ages = ages = deque(s for s in ages if s in live)
-            self._tok_at = {s: self._tok_at[s] for s in ages}
+            self._pieced = pieced = [s for s in pieced if s in live]
+            heapify(pieced)
+            self._tok_at = {s: self._tok_at[s] for s in chain(ages, pieced)}
         tok_at = self._tok_at
         while ages and ages[0] not in live:
             del tok_at[ages.popleft()]
+        while pieced and pieced[0] not in live:
+            del tok_at[heappop(pieced)]
+        if pieced and (not ages or pieced[0] < ages[0]):
+            return pieced[0]
         return ages[0] if ages else None
 
     def _overdue(self, cap: int = 256) -> List[int]:
         """Slots of documents pulled more than ``max_wait`` pulls or ``buffer_tokens`` tokens ago,
         oldest first."""
         self._oldest()  # prunes finished documents off the front
-        limit, out = self._pulled - self.max_wait, []
-        # Parked slots (pieces.py) never start a row: found once here, at most one per source.
-        parked = {slot for slot in (self._slot_of[q] for q in self._open.values()) if self._slots.parked(slot)} \
-            if self._open else ()
-        tok_limit, tok_at = self._tokens - self.buffer_tokens, self._tok_at
+        limit, seqs = self._pulled - self.max_wait, []
+        tok_limit, tok_at, slot_of = self._tokens - self.buffer_tokens, self._tok_at, self._slot_of
+        # Both bounds rise with seq (tok_at counts tokens pulled up to each), so the overdue documents
+        # are the oldest ones, up to the first that is not.
         for seq in self._ages:
-            if (seq >= limit and tok_at[seq] >= tok_limit) or len(out) >= cap:  # tok_at covers _ages
+            if (seq >= limit and tok_at[seq] >= tok_limit) or len(seqs) >= cap:  # tok_at covers _ages
                 break
-            slot = self._slot_of.get(seq)
-            if slot is not None and slot not in parked:
-                out.append(slot)
-        return out
+            if seq in slot_of:
+                seqs.append(seq)
+        if self._unparked:
+            # Documents in pieces: a parked one (pieces.py) never starts a row, and stays parked until its next
+            # piece or the stream's end puts it back in _unparked (a placement only shortens what is left).
+            parked = set(self._parked()[0].tolist()) if self._open else ()
+            for seq in list(self._unparked):
+                slot = slot_of.get(seq)
+                if slot is None or slot in parked:
+                    self._unparked.discard(seq)
+                elif seq < limit or tok_at[seq] < tok_limit:
+                    seqs.append(seq)
+            seqs.sort()
+        return [slot_of[seq] for seq in seqs[:cap]]
 
     # --- the node ------------------------------------------------------------------
     def next(self) -> Row:

@@ -35,7 +35,10 @@ restore put them, which the loaded summary describes: a branch only moves when p
 
 Cost: one Python step per document pulled since the previous state (its origin into a per-slot
 table), a few numpy calls over the buffer, one pass per tokenizer batch, and the zlib call; it
-grows with the documents in flight, as does the state's size. Measured by benchmarks/elastic.py
+grows with the documents in flight, as does the state's size. Under a mixer, a source's entry and
+its rows in flight are taken again only when the mixer pulled its branch since the last take
+(`Mix.pulled_since`: a branch moves only when pulled), so a take costs Python steps per source
+pulled, not per source. Measured by benchmarks/elastic.py
 (benchmarks/RESULTS.md, ``elastic``; see docs/performance.md).
 """
 
@@ -137,12 +140,24 @@ class SavePoint:
         self._mix: Any = None
         self.loaded: Optional[Dict[str, Any]] = None
         self._loaded_docs: Optional[np.ndarray] = None
+        # Per source, as of the last take: its entry, its rows in flight (tokenizer, loaded) and the
+        # rest its pieces node holds; retaken for the sources in _moved (None: every source, each take).
+        self._entries: Dict[str, List[int]] = {}
+        self._rows: Dict[int, np.ndarray] = {}
+        self._held: Dict[int, np.ndarray] = {}
+        self._moved: Optional[set] = None
+        self._under: List[List[int]] = []  # per mixer child: the sources read under it
 
     def _find(self) -> None:
         nodes = list(walk(self.parent))
         self._mix = next((n for n in nodes if role_of(n) == MIX), None)
-        branches = [n for n in nodes if role_of(n) == BRANCH]
-        pieces = [n for n in nodes if role_of(n) == PIECES]
+        # each branch's reader, each pieces node's branch or reader: one walk each, not one per reader
+        branch_of = {}
+        for b in (n for n in nodes if role_of(n) == BRANCH):
+            branch_of.setdefault(id(_first(b, (READER,))), b)
+        pieces_of = {}
+        for p in (n for n in nodes if role_of(n) == PIECES):
+            pieces_of.setdefault(id(_first(p, (BRANCH, READER))), p)
         for reader in nodes:
             if role_of(reader) != READER:
                 continue
@@ -153,10 +168,20 @@ class SavePoint:
             self.names.append(name)
             self.readers.append(reader)
             # through any pass-through nodes between them (a user's filter, a torchdata Mapper)
-            branch = next((b for b in branches if _first(b, (READER,)) is reader), None)
+            branch = branch_of.get(id(reader))
             self.branches.append(branch)
-            self.pieces.append(next((p for p in pieces if _first(p, (BRANCH, READER)) is (branch or reader)), None))
+            self.pieces.append(pieces_of.get(id(branch or reader)))
+        self._entries = dict.fromkeys(self.names)  # the order the summary lists them in
         self._found = True
+        if self._mix is not None:
+            # Only where each source is read under exactly one of the mixer's children (the recipes,
+            # a composed mix of branches) does a pull of a child say which sources moved.
+            self._under = [[self.index[str(r.source)] for r in walk(child) if role_of(r) == READER]
+                           for child in parents_of(self._mix)]
+            covered = sorted(i for under in self._under for i in under)
+            if covered == list(range(len(self.names))) and all(role_of(n) != MIX for n in walk(self._mix)
+                                                               if n is not self._mix):
+                self._moved = self._mix.pulled_since()
 
     def count(self) -> int:
         """How many sources the summary describes (readers above the packer)."""
@@ -171,6 +196,12 @@ class SavePoint:
         return self.index.get(name, -1)
 
     # --- restore ------------------------------------------------------------------------
+    def _forget(self) -> None:
+        self._entries = dict.fromkeys(self.names)
+        self._rows, self._held = {}, {}
+        if self._moved is not None:
+            self._moved.update(range(len(self._under)))
+
     def load(self, summary: Any) -> None:
         """Keep the summary a packer is restored with (checked strictly)."""
         if not isinstance(summary, dict) or set(summary) != set(self.KEYS):
@@ -178,9 +209,11 @@ class SavePoint:
             raise ValueError(f"packer state: the save point summary has keys {got}, expected {list(self.KEYS)}; "
                              "was it saved by another tokenloom version?")
         self.loaded, self._loaded_docs = summary, None
+        self._forget()
 
     def clear(self) -> None:
         self.loaded, self._loaded_docs = None, None
+        self._forget()
 
     def _loaded_rows(self) -> np.ndarray:
         if self._loaded_docs is None:
@@ -193,48 +226,58 @@ class SavePoint:
         `DOC_FIELDS` (``picked`` = 1); ``again`` per source ``[tokens, starts]``, flattened."""
         if not self._found:
             self._find()
+        if self._moved is None:
+            moved: Sequence[int] = range(len(self.names))
+        else:
+            moved = [i for child in self._moved for i in self._under[child]]
+            self._moved.clear()
+        for i in moved:
+            self._retake(i)
         parts = [picked] if len(picked) else []
-        sources: Dict[str, List[int]] = {}
-        loaded = self.loaded
-        for i, name in enumerate(self.names):
-            reader, branch, pieces = self.readers[i], self.branches[i], self.pieces[i]
-            if pieces is not None:
-                held = pieces.in_flight_origins(i)
-                if len(held) and not _holds(picked, held[0]):
-                    parts.append(held)
-            if loaded is not None and branch is not None and branch.untouched_since_restore():
-                # Not pulled since the restore: it stands where the save found it (module docstring).
-                sources[name] = loaded[self.SOURCES][name]
-                rows = self._loaded_rows()
-                rows = rows[(rows[:, 0] == i) & (rows[:, 1] == 0)]
-                if len(rows):
-                    parts.append(rows)
-                continue
-            state, row = reader.position()
-            entry = [state[_EPOCH], state[_INDEX], state[_PREFIX], row, reader.next_epoch(), reader.skipped]
-            if branch is not None:
-                entry += branch_counts(branch)
-                rows = branch.in_flight_origins(i)
-                if len(rows):
-                    parts.append(rows)
-            sources[name] = entry
+        if self._held:
+            # the rest of a document in pieces, unless the packer holds its earlier pieces (its row covers it)
+            keys = {tuple(r) for r in picked[:, _KEY].tolist()} if len(picked) else set()
+            parts += [held for held in self._held.values() if tuple(held[0, _KEY].tolist()) not in keys]
+        parts += self._rows.values()
         mix = None
         if self._mix is not None:
             c = self._mix.get_state_counters()
             mix = [c["tokens"], c["documents"], c["passes"], [int(bool(x)) for x in c["exhausted"]], c["era_base"]]
         docs = (np.concatenate(parts) if len(parts) > 1 else parts[0]) if parts else NO_DOCS
-        return {self.DOCS: pack_docs(docs), self.SOURCES: sources, self.MIX: mix, self.AGAIN: list(again)}
+        # pack_docs sorts the rows, and no document is in two parts: the order of the parts carries nothing
+        return {self.DOCS: pack_docs(docs), self.SOURCES: dict(self._entries), self.MIX: mix, self.AGAIN: list(again)}
+
+    def _retake(self, i: int) -> None:
+        """Source ``i``'s entry, its rows in flight and its pieces' held rest, as it stands now."""
+        name, reader, branch, pieces = self.names[i], self.readers[i], self.branches[i], self.pieces[i]
+        self._held.pop(i, None)
+        self._rows.pop(i, None)
+        if pieces is not None:
+            held = pieces.in_flight_origins(i)
+            if len(held):
+                self._held[i] = held
+        loaded = self.loaded
+        if loaded is not None and branch is not None and branch.untouched_since_restore():
+            # Not pulled since the restore: it stands where the save found it (module docstring).
+            self._entries[name] = loaded[self.SOURCES][name]
+            rows = self._loaded_rows()
+            rows = rows[(rows[:, 0] == i) & (rows[:, 1] == 0)]
+            if len(rows):
+                self._rows[i] = rows
+            return
+        state, row = reader.position()
+        entry = [state[_EPOCH], state[_INDEX], state[_PREFIX], row, reader.next_epoch(), reader.skipped]
+        if branch is not None:
+            entry += branch_counts(branch)
+            rows = branch.in_flight_origins(i)
+            if len(rows):
+                self._rows[i] = rows
+        self._entries[name] = entry
 
 
 _EPOCH, _INDEX, _PREFIX = ShardUnits.EPOCH, ShardUnits.INDEX, ShardUnits.PREFIX
-
-
-def _holds(rows: np.ndarray, row: np.ndarray) -> bool:
-    """Do ``rows`` hold the document of ``row`` (same source, epoch, unit, pos)?"""
-    if not len(rows):
-        return False
-    key = [0, 2, 3, 4]
-    return bool((rows[:, key] == row[key]).all(axis=1).any())
+#: The columns that name a document: source, epoch, unit, pos.
+_KEY = [0, 2, 3, 4]
 
 
 def again_of(src: np.ndarray, length: np.ndarray, used: np.ndarray, n: int) -> List[int]:
