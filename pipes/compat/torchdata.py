@@ -20,8 +20,10 @@ per object (`_StatefulOnce`), installed only if it equals torchdata's own on tha
 
 A worker also hands torchdata its graph's state as one leaf (`WholeState`), not a nested dict:
 torchdata flattens every worker state into ``{key path: leaf}`` and compares it with the previous
-one at every step, in the worker, to send only what changed. Whole, it is one dict comparison,
-and a slightly longer message. `nested_snapshot` gives the plain dicts back.
+one at every step, in the worker, to send only what changed. Whole, it is one dict comparison.
+The leaf itself crosses to the training process as a patch of the state the worker sent before
+(pipes/state_delta.py): with many sources a step changes a few of them. `nested_snapshot` gives
+the plain dicts back.
 
 The iterator. `IteratorHook` runs a loader's ``start_iterator`` around
 ``StatefulDataLoader._get_iterator``, where a new iterator forks its workers;
@@ -39,6 +41,7 @@ import inspect
 import weakref
 from typing import Any, Callable, Dict, Mapping, NamedTuple, Optional
 
+from torch.utils.data import get_worker_info
 from torchdata.stateful_dataloader.incremental_state import (
     _DATASET_ITER_STATE,
     _DATASET_STATE,
@@ -59,6 +62,8 @@ from torchdata.stateful_dataloader.stateful_dataloader import (
     _StatefulMultiProcessingDataLoaderIter,
 )
 
+from ..state_delta import receive, sender
+
 
 class WholeState:
     """A worker graph's state as one leaf of torchdata's incremental delta (see the module
@@ -75,7 +80,14 @@ class WholeState:
     __hash__ = None  # type: ignore[assignment]
 
     def __reduce__(self):
-        return WholeState, (self.state,)
+        if get_worker_info() is None:
+            return WholeState, (self.state,)
+        # From a worker, only through its result queue, which the training process reads in order.
+        return _whole_from_patch, sender().send(self.state)
+
+
+def _whole_from_patch(stream: str, number: int, change: tuple) -> WholeState:
+    return WholeState(receive(stream, number, change))
 
 
 def plain(obj: Any) -> Any:

@@ -236,8 +236,10 @@ class SavePoint:
         parts = [picked] if len(picked) else []
         if self._held:
             # the rest of a document in pieces, unless the packer holds its earlier pieces (its row covers it)
-            keys = {tuple(r) for r in picked[:, _KEY].tolist()} if len(picked) else set()
-            parts += [held for held in self._held.values() if tuple(held[0, _KEY].tolist()) not in keys]
+            helds = list(self._held.values())
+            firsts = np.stack([h[0] for h in helds])
+            inside = _rows_in(firsts[:, _KEY], picked[:, _KEY]) if len(picked) else np.zeros(len(helds), bool)
+            parts += [h for h, known in zip(helds, inside.tolist()) if not known]
         parts += self._rows.values()
         mix = None
         if self._mix is not None:
@@ -278,6 +280,15 @@ class SavePoint:
 _EPOCH, _INDEX, _PREFIX = ShardUnits.EPOCH, ShardUnits.INDEX, ShardUnits.PREFIX
 #: The columns that name a document: source, epoch, unit, pos.
 _KEY = [0, 2, 3, 4]
+_ROW = np.dtype((np.void, 8 * len(_KEY)))
+
+
+def _rows_in(rows: np.ndarray, among: np.ndarray) -> np.ndarray:
+    """For each of ``rows``: is it one of ``among`` (int64 rows of as many columns)? One sort, not a
+    Python step per row."""
+    def as_keys(a: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(a, dtype=np.int64).view(_ROW).ravel()
+    return np.isin(as_keys(rows), as_keys(among))
 
 
 def again_of(src: np.ndarray, length: np.ndarray, used: np.ndarray, n: int) -> List[int]:

@@ -1,0 +1,158 @@
+"""A graph's state sent from a worker as what changed since the state it sent before.
+
+Why: `StatefulDataLoader` takes a worker's state with every batch (any batch may be the one a
+checkpoint resumes after) and pickles it to the training process. A graph's state is a tree that
+mirrors the graph (pipes/base.py): with ``n`` sources it holds ``n`` branch states, ``n`` save
+point entries, ``n`` counts of each kind, so sending it whole costs ``O(n)`` bytes and unpickling
+at every step, though a batch moves only the few sources it drew from (256 sources: ~100 KB a
+step). Sent as a patch of the state sent before, a step costs bytes for what moved.
+
+The patch of ``old`` to ``new`` (`diff`):
+
+- ``(SAME,)``: nothing changed;
+- ``(PUT, new)``: replaced (a leaf, a list that changed much, a dict whose keys changed);
+- ``(KEYS, {key: patch})``: a dict with the same keys in the same order, the changed ones patched;
+- ``(ITEMS, indices, values)``: a long list of the same length, a few items replaced;
+- ``(AT, {index: patch})``: a list of the same length whose changed items are lists or dicts,
+  each patched.
+
+`patch` applies it, building new containers only along the changed paths: the unchanged parts of
+the result are the previous state's own objects (states are never modified in place, neither in
+the worker nor in the training process). A subtree that is the very object sent before (a
+mixer's cached branch states, a save point's cached entries) costs one identity check.
+
+`Sender` (in a worker) and `receive` (in the training process) number a stream's patches, so a
+patch that arrives out of turn is refused with an error instead of giving a wrong state.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+from collections import OrderedDict
+from typing import Any, Dict, Optional, Tuple
+
+SAME, PUT, KEYS, ITEMS, AT = 0, 1, 2, 3, 4
+#: Lists shorter than this are replaced whole when they change: a patch of its items saves nothing.
+LIST_PATCH_MIN = 16
+#: Streams the training process keeps the last state of (a new set of workers starts new streams).
+STREAMS_KEPT = 1024
+
+_NO_CHANGE = (SAME,)
+
+
+def diff(old: Any, new: Any) -> tuple:
+    """The patch that turns ``old`` into ``new`` (module docstring)."""
+    if new is old:
+        return _NO_CHANGE
+    if type(new) is dict and type(old) is dict:
+        if len(new) != len(old) or list(new) != list(old):
+            return (PUT, new)
+        changed = {}
+        for k, v in new.items():
+            o = old[k]
+            if v is o or v == o:
+                continue
+            changed[k] = diff(o, v)
+        return (KEYS, changed) if changed else _NO_CHANGE
+    if type(new) is list and type(old) is list and len(new) == len(old):
+        if new == old:
+            return _NO_CHANGE
+        at = [i for i, (a, b) in enumerate(zip(old, new)) if a is not b and a != b]
+        if any(type(new[i]) in (dict, list) for i in at):
+            return (AT, {i: diff(old[i], new[i]) for i in at})
+        if len(new) >= LIST_PATCH_MIN and 2 * len(at) < len(new):
+            return (ITEMS, at, [new[i] for i in at])
+        return (PUT, new)
+    if type(new) is type(old) and new == old:
+        return _NO_CHANGE
+    return (PUT, new)
+
+
+def patch(old: Any, change: tuple) -> Any:
+    """``old`` with ``change`` (a `diff`) applied; unchanged parts are ``old``'s own objects."""
+    kind = change[0]
+    if kind == SAME:
+        return old
+    if kind == PUT:
+        return change[1]
+    if kind == KEYS:
+        out = dict(old)
+        for k, sub in change[1].items():
+            out[k] = patch(old[k], sub)
+        return out
+    if kind == ITEMS:
+        out = list(old)
+        for i, v in zip(change[1], change[2]):
+            out[i] = v
+        return out
+    if kind == AT:
+        out = list(old)
+        for i, sub in change[1].items():
+            out[i] = patch(old[i], sub)
+        return out
+    raise ValueError(f"state patch: unknown kind {kind!r}; the worker and the training process run different "
+                     "tokenloom versions")
+
+
+class Sender:
+    """One worker process's stream of states: each as a patch of the one sent before it."""
+
+    def __init__(self) -> None:
+        self.stream = f"{os.getpid()}-{os.urandom(6).hex()}"
+        self._count = itertools.count()
+        self._last: Any = None
+        self._lock = threading.Lock()  # a queue's feeder thread pickles; one stream, one order
+
+    def send(self, state: Any) -> Tuple[str, int, tuple]:
+        """``(stream, number, patch)`` for ``state``: the first of a stream is whole."""
+        with self._lock:
+            n = next(self._count)
+            change = (PUT, state) if n == 0 else diff(self._last, state)
+            self._last = state
+            return self.stream, n, change
+
+
+_sender: Optional[Sender] = None
+_sender_pid = -1
+
+
+def sender() -> Sender:
+    """This process's `Sender` (made in the process that sends: a forked worker makes its own)."""
+    global _sender, _sender_pid
+    if _sender is None or _sender_pid != os.getpid():
+        _sender, _sender_pid = Sender(), os.getpid()
+    return _sender
+
+
+_received: "OrderedDict[str, Tuple[int, Any]]" = OrderedDict()
+_received_lock = threading.Lock()
+
+
+def receive(stream: str, number: int, change: tuple) -> Any:
+    """The state a worker sent as patch ``number`` of ``stream`` (in the training process)."""
+    with _received_lock:
+        if number == 0:
+            state = patch(None, change)
+        else:
+            last = _received.get(stream)
+            if last is None or last[0] != number - 1:
+                got = "none" if last is None else f"number {last[0]}"
+                raise RuntimeError(f"a loader worker's state patch number {number} of stream {stream} arrived after "
+                                   f"{got}: a state message was lost or reordered between the worker and the training "
+                                   "process, so this state cannot be rebuilt. Please report it with the loader settings")
+            state = patch(last[1], change)
+        _received[stream] = (number, state)
+        _received.move_to_end(stream)
+        while len(_received) > STREAMS_KEPT:
+            _received.popitem(last=False)
+        return state
+
+
+def forget_streams() -> Dict[str, int]:
+    """Drop the kept states (tests); returns how many there were, by stream."""
+    with _received_lock:
+        out = {s: n for s, (n, _) in _received.items()}
+        _received.clear()
+        return out
