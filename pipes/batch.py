@@ -200,11 +200,18 @@ class Batch(Node[Dict[str, torch.Tensor]]):
         self.sources = list(sources)
         self.clock = clock
         self._counts: Dict[str, List[int]] = {}
+        self._counted: set = set()  # sources whose counts changed since the last state was taken
+        self._count_state: Dict[str, List[int]] = {}  # the counts as of the last state, a list per source
+
+    def _counts_loaded(self) -> None:
+        self._count_state = {n: list(c) for n, c in self._counts.items()}
+        self._counted = set()
 
     def reset(self, initial_state: Optional[Dict[str, Any]] = None) -> None:
         if initial_state is None:
             self.parent.reset(None)
             self._counts = {n: [0, 0] for n in self.sources}
+            self._counts_loaded()
             if self.clock is not None:
                 self.clock.load(None)
             return
@@ -213,6 +220,7 @@ class Batch(Node[Dict[str, torch.Tensor]]):
             raise ValueError(f"Batch: saved counts are for sources {sorted(saved)}, this batcher counts "
                              f"{sorted(self.sources)}")
         self._counts = {n: [int(t), int(d)] for n, (t, d) in saved.items()}
+        self._counts_loaded()
         if self.clock is not None:
             self.clock.load(initial_state[self.CLOCK])
         # The clock must hold its saved value before the parent replays (the mixer reads it).
@@ -227,8 +235,9 @@ class Batch(Node[Dict[str, torch.Tensor]]):
                 break
         if not rows:
             raise StopIteration
-        counts, T = self._counts, self.seq_len
+        counts, T, counted = self._counts, self.seq_len, self._counted
         for row in rows:
+            counted.update(row.sources)
             starts = row.starts
             off = 0
             for k, (src, n) in enumerate(zip(row.sources, row.seg_lens.tolist())):
@@ -248,6 +257,7 @@ class Batch(Node[Dict[str, torch.Tensor]]):
     def carry_counts(self, counts: Dict[str, List[int]]) -> None:
         """Continue the delivered counts of an elastic resume (elastic.py)."""
         self._counts = {n: [int(t), int(d)] for n, (t, d) in counts.items()}
+        self._counts_loaded()
 
     def counts(self) -> Dict[str, List[int]]:
         """Per source: [tokens, document starts] delivered in batches so far."""
@@ -261,5 +271,14 @@ class Batch(Node[Dict[str, torch.Tensor]]):
         return [c[0] for c in counts], [c[1] for c in counts]
 
     def get_state(self) -> Dict[str, Any]:
-        return {self.PARENT: self.parent.state_dict(), self.COUNTS: self.counts(),
+        if self._counted:
+            # Only the sources in the rows since the last state changed: the others' lists are kept (and
+            # shared with the states taken before, which nobody changes).
+            state, counts = self._count_state, self._counts
+            for n in self._counted:
+                c = counts.get(n)
+                if c is not None:
+                    state[n] = list(c)
+            self._counted.clear()
+        return {self.PARENT: self.parent.state_dict(), self.COUNTS: dict(self._count_state),
                 self.CLOCK: self.clock.state() if self.clock is not None else None}
