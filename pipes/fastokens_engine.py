@@ -32,6 +32,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from . import process_hooks
 from .engines import first_difference
 
 #: fastokens' own thread count for a batch, and the Rayon pool's it may use.
@@ -102,8 +103,23 @@ def ready(payload: str) -> Optional[Any]:
         thread = threading.Thread(target=_build_into, args=(payload, failed), name="tokenloom-fastokens-build",
                                   daemon=True)
         _building[key] = (payload, thread, failed)
+    process_hooks.at_exit("fastokens-build", _finish_builds)
     thread.start()
     return None
+
+
+#: The longest an exiting process waits for a background build (a build takes a second or two).
+EXIT_WAIT_S = 60.0
+
+
+def _finish_builds() -> None:
+    """At exit, wait for the build threads: a daemon thread still inside fastokens' native code when the
+    interpreter finalizes is unwound there, and the process aborts ("FATAL: exception not rethrown")."""
+    with _lock:
+        threads = [t for _, t, _ in _building.values()] if _pid == os.getpid() else []
+    deadline = time.monotonic() + EXIT_WAIT_S
+    for t in threads:
+        t.join(max(deadline - time.monotonic(), 0))
 
 
 def _build_into(payload: str, failed: List[BaseException]) -> None:

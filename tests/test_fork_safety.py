@@ -69,3 +69,31 @@ def test_the_pools_are_seen_by_their_threads_names():
     before, after = out.stdout.strip().splitlines()
     assert before == "[]" and "fastokens-0 (fastokens' encode pool)" in after
     assert unsafe_pools() == [] or all("fastokens-" in p for p in unsafe_pools())
+
+
+_EXIT_DURING_BUILD = r"""
+import atexit, sys, threading
+from tokenloom.pipes import fastokens_engine as fe
+
+def after():  # registered first, so it runs after the engine's own exit hook
+    alive = [t.name for t in threading.enumerate() if t.name == "tokenloom-fastokens-build" and t.is_alive()]
+    print("alive at exit:", alive, flush=True)
+
+atexit.register(after)
+fe.STAND_IN_S = 0.0
+payload = open(sys.argv[1]).read()
+fe.ready(payload)
+fe.ready(payload)  # starts the background build; the interpreter exits while it runs
+"""
+
+
+@pytest.mark.skipif(fastokens_engine.version() is None, reason="fastokens is not installed (the fast extra)")
+def test_a_process_that_exits_while_fastokens_builds_waits_for_the_build(tok_path):
+    """A daemon build thread still in fastokens' native code when the interpreter finalizes is unwound
+    there and the process aborts ("FATAL: exception not rethrown", seen at the end of num_workers=0 runs):
+    the exit hook waits for it."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TOKENLOOM_ENGINE", *fastokens_engine.THREAD_VARIABLES)}
+    out = subprocess.run([sys.executable, "-c", _EXIT_DURING_BUILD, tok_path], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=LIMIT_S)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "alive at exit: []" in out.stdout, out.stdout + out.stderr[-2000:]
