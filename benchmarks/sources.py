@@ -285,6 +285,11 @@ def summarize(runs: Dict[str, List[Dict[str, Any]]], configs: List[Tuple[str, in
             row["checks"] = checks
             row["pass"] = all(checks.values())
         rows.append(row)
+    # this code against the code before (--before), configuration by configuration
+    for row in rows:
+        other = med.get(f"before|{row['workers']}|{row['sources']}")
+        if row["code"] == "this" and other is not None:
+            row["vs_before"] = {f: row[f] / other[f] for f in FIELDS if other[f]}
     return rows
 
 
@@ -350,13 +355,21 @@ def markdown(result: Dict[str, Any], args: argparse.Namespace) -> str:
     for row in result["rows"]:
         verdict = "-" if "pass" not in row else ("pass" if row["pass"] else
                                                   "FAIL (" + ", ".join(k for k, ok in row["checks"].items() if not ok) + ")")
+        workers = (f"{row['worker_rss'] / gib:.2f} ({ratio(row, 'worker_rss_ratio')}) | "
+                   f"{row['worker_peak'] / gib:.2f} ({ratio(row, 'worker_peak_ratio')})") if row["workers"] else "- | -"
         lines.append(
             f"| {row['code']} | {row['workers']} | {row['sources']} | {row['bps']:.1f} ({ratio(row, 'bps_ratio')}) | "
-            f"{row['worker_rss'] / gib:.2f} ({ratio(row, 'worker_rss_ratio')}) | "
-            f"{row['worker_peak'] / gib:.2f} ({ratio(row, 'worker_peak_ratio')}) | "
-            f"{row['main_rss'] / gib:.2f} ({ratio(row, 'main_rss_ratio')}) | "
+            f"{workers} | {row['main_rss'] / gib:.2f} ({ratio(row, 'main_rss_ratio')}) | "
             f"{row['main_peak'] / gib:.2f} ({ratio(row, 'main_peak_ratio')}) | "
             f"{row['state_bytes'] / 1024:.1f} | {row['step_state_bytes'] / 1024:.1f} | {row['first_s']:.1f} | {verdict} |")
+    against = [f"| {row['workers']} | {row['sources']} | " + " | ".join(
+        f"{row['vs_before'][f]:.2f}x" if f in row["vs_before"] else "-"
+        for f in ("bps", "worker_rss", "main_rss", "state_bytes", "step_state_bytes")) + " |"
+        for row in result["rows"] if "vs_before" in row]
+    if against:
+        lines += ["", "This code against the code before, same configuration (medians' ratios):", "",
+                  "| workers | sources | batches/s | worker RSS | main RSS | state | per step |",
+                  "|---|---|---|---|---|---|---|", *against]
     cmd = "python benchmarks/sources.py" + (" --quick" if args.quick else "") + (
         f" --sources {args.sources}" if args.sources != ",".join(map(str, SOURCES)) else "") + (
         f" --workers {args.workers}" if args.workers != "2" else "") + (" --before PYTHON" if args.before else "")
