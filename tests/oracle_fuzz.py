@@ -245,9 +245,11 @@ def many_sources(rng: random.Random, sc: Scenario) -> None:
 
     Sources: most of a few documents (about `MANY_DOCS` in all); about a third tiny, 1-3 documents (as
     few as the hops' shards allow: every shard needs a row of every source, else the loader refuses);
-    some "empty-ish", documents of 1-2 words. Kinds mostly parquet and jsonl, a few of the others. To
-    reach a single document a source, the topologies are sometimes narrowed to one shard (1 rank, 0-1
-    workers) or two. The mix is drawn anew over the names: interleave (equal weights, random ones, or a
+    some "empty-ish", documents of 1-2 words (not of none: a document without words is a BOS alone,
+    which names no document, so the oracle cannot place it; a trial with such documents delivered one
+    BOS-only segment for each, and the oracle reported them all as unattributable). Kinds mostly parquet
+    and jsonl, a few of the others. To reach a single document a source, the topologies are sometimes
+    narrowed to one shard (1 rank, 0-1 workers) or two. The mix is drawn anew over the names: interleave (equal weights, random ones, or a
     schedule switching early), random, round_robin, alternating over a pattern naming every source,
     sequential; ``stop`` and cycling as for a few sources. Hops that changed weights get new ones over
     the new names. Graphs composed by hand are left to the few-source scenarios."""
@@ -518,7 +520,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             failures.append(seed)
             print(f"FAIL seed {seed}: {sc}\n{traceback.format_exc()}", flush=True)
         seed += 1
-    print(f"{ran} scenarios (seeds {args.start}..{seed - 1}) in {time.monotonic() - t0:.0f}s, {len(failures)} failed: {failures[:20]}")
+    print(f"{ran} scenarios (seeds {args.start}..{seed - 1}) in {time.monotonic() - t0:.0f}s, "
+          f"{len(failures)} failed: {failures[:20]}")
     for cat in sorted(per):
         print(f"  {cat}: {per[cat]} passed")
     return 1 if failures else 0

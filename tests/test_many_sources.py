@@ -14,6 +14,8 @@ sources (speed, memory, state); these tests pin what must hold whatever it costs
   offset), one epoch, saved mid-epoch on 2 workers (or 2 ranks) and resumed on 3 workers (or 3
   ranks): the oracle checks that every document of every source was delivered exactly once, whole,
   across the save (nothing lost, nothing repeated).
+- `test_many_source_scenarios`: a few seeds of the fuzzer's many-source scenarios (tests/oracle_fuzz.py
+  `many_sources`; ``make fuzz`` and ``python -m tests.oracle_fuzz --many`` run many more).
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ def tiny_sources(root: str, n: int, *, least: int = 1, seed: int = 46) -> dict:
     return sources
 
 
-@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("num_workers", [0, pytest.param(2, marks=pytest.mark.slow)])
 def test_1024_sources_resume_exactly(tmp_path, tok_path, num_workers):
     sources = tiny_sources(str(tmp_path), 1024, least=max(num_workers, 1))
     weights = {name: 1.0 for name in sources}
@@ -64,6 +66,7 @@ def test_1024_sources_resume_exactly(tmp_path, tok_path, num_workers):
     assert time.perf_counter() - t0 < 120, f"1024 sources took {time.perf_counter() - t0:.0f} s"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("old,new", [((1, 2), (1, 3)), ((2, 1), (3, 1))], ids=["2-to-3-workers", "2-to-3-ranks"])
 def test_256_sources_elastic_resume_delivers_each_document_once(tmp_path, old, new):
     from .oracle_fuzz import FuzzHop, Scenario, run_scenario
@@ -78,3 +81,19 @@ def test_256_sources_elastic_resume_delivers_each_document_once(tmp_path, old, n
                   [FuzzHop(*old, save=6), FuzzHop(*new, save="end", as_dict=False)])
     out = run_scenario(sc, str(tmp_path / "run"), limit=120)
     assert out["rounds"] == 1 and out["batches"] > 6, f"the save was not mid-epoch: {out}"
+
+
+#: Seeds of the fuzzer whose scenario has many sources: 10156, 48 sources best-fit round-robin from 1 x 0
+#: workers to 3 ranks x 1 and back; 10192, 12 sources of an endless stream from 2 workers to 3 ranks;
+#: 10206, 64 sources cropped (bestfit-crop), one epoch, through JSON.
+MANY_SEEDS = [10156, 10192, 10206]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", MANY_SEEDS)
+def test_many_source_scenarios(seed):
+    from .oracle_fuzz import check_seed, draw
+
+    assert draw(seed).many >= 8, (f"seed {seed} no longer draws many sources: pick another "
+                                  "(python -m tests.oracle_fuzz --many)")
+    check_seed(seed)
