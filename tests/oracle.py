@@ -141,9 +141,10 @@ def _write(kind: str, path: str, records: List[Dict[str, Any]], rng: random.Rand
     raise ValueError(f"{kind=} is not one of {KINDS}")
 
 
-def make_corpus(root: str, spec: Dict[str, Tuple[str, int]], *, row: int, seed: int = 0,
+def make_corpus(root: str, spec: Dict[str, Tuple[Any, ...]], *, row: int, seed: int = 0,
                 chat: bool = False) -> OracleCorpus:
-    """``spec``: {source name: (kind, documents)}. Every word of every document is its own token.
+    """``spec``: {source name: (kind, documents)} or (kind, documents, most words a document has). Every
+    word of every document is its own token.
     ``chat``: conversations of 1-4 messages (user first) under ``messages`` instead of text."""
     from tokenizers import Tokenizer, models, pre_tokenizers
 
@@ -163,8 +164,10 @@ def make_corpus(root: str, spec: Dict[str, Tuple[str, int]], *, row: int, seed: 
     def text(ids: np.ndarray) -> str:
         return " ".join(f"w{i - FIRST_WORD}" for i in ids)
 
-    for name, (_, n) in spec.items():
+    for name, (_, n, *most) in spec.items():
         for length in doc_lengths(rng, n, row):
+            # capped after the draw, so a spec without a cap draws what it always drew
+            length = min(length, most[0]) if most else length
             if chat:
                 # messages of random lengths: conversations rarely share their markers' offsets, so a
                 # piece of markers alone (no word to name it) rarely fits two open conversations
@@ -191,7 +194,7 @@ def make_corpus(root: str, spec: Dict[str, Tuple[str, int]], *, row: int, seed: 
     tok_path = os.path.join(root, "tokenizer.json")
     tok.save(tok_path)
     sources, kinds = {}, {}
-    for name, (kind, _) in spec.items():
+    for name, (kind, *_) in spec.items():
         if chat and kind not in CHAT_KINDS:
             raise ValueError(f"conversations are written as {CHAT_KINDS}, not {kind=}")
         sources[name] = _write(kind, os.path.join(root, name), records[name], rng)
