@@ -63,7 +63,7 @@ from .files import FileChangedError, FileUnits, OpenFiles, SourceFile, sft_advic
 from .listing_at_once import each_file
 from .first_fetches import FirstFetches
 from .parquet_footer import MAGIC, TAIL_BYTES, footer_bytes  # noqa: F401 (MAGIC, TAIL_BYTES re-exported)
-from .parquet_windows import STREAM_BUFFER, RowsChanged, UnitWindows
+from .parquet_windows import RowsChanged, UnitWindows
 from .readahead import RowGroupReadAhead, budget_for
 from .row_windows import windowed
 from .text_files import CursorReader, SkipCount, UnitCursor
@@ -281,9 +281,9 @@ class OpenParquet:
         self.handle, self.meta = handle, meta
 
     def parquet(self) -> pq.ParquetFile:
-        # buffer_size: a row group read in windows holds a read buffer of its column chunk, not all of it
-        return pq.ParquetFile(self.handle, metadata=self.meta, page_checksum_verification=True,
-                              buffer_size=STREAM_BUFFER)
+        # No buffer_size: pyarrow's buffered stream over these handles aborted the interpreter at its exit
+        # (1 run in 1 with one source and num_workers=0); so an open window stream holds its compressed column chunk.
+        return pq.ParquetFile(self.handle, metadata=self.meta, page_checksum_verification=True)
 
     def close(self) -> None:
         self.handle.close()
@@ -430,8 +430,10 @@ class ReadParquet(CursorReader, SkipCount, Node[Doc]):
         ahead = self._ahead or None
         if ahead is not None:
             return ahead.read((int(self.units.file[u]), int(self.units.row_group[u])))
+        # use_threads=False: one column decodes the same on the calling thread, and buffers of a Python
+        # file freed on pyarrow's threads at the interpreter's exit abort it (readahead.py's `_decode`)
         return self._parquet(int(self.units.file[u])).read_row_group(int(self.units.row_group[u]),
-                                                                     columns=[self.column])
+                                                                     columns=[self.column], use_threads=False)
 
     def _unit_file(self, u: int) -> Callable[[], pq.ParquetFile]:
         """What makes unit ``u``'s file as a new `pq.ParquetFile`, to read its row group in windows: over

@@ -14,8 +14,9 @@ and the texts are the same either way; only memory and CPU differ):
   keeps memory of the row group it read while it lives, parquet.py's `OpenParquet`). Costs up to ``REOPEN_WINDOWS / 2`` decodes per window, cheap beside
   tokenizing them;
 - many windows: the stream stays open between reads, so consecutive windows cost one decode
-  each; it holds pyarrow's decoder state (about one data page, as large as the
-  writer made its pages, and a read buffer of `STREAM_BUFFER` bytes) until the row group is done.
+  each; it holds pyarrow's decoder state until the row group is done: the column chunk's
+  compressed bytes (pyarrow reads a chunk whole unless told to buffer, and its buffered stream
+  aborted the interpreter at exit over tokenloom's file handles) and about one data page.
 
 A read that goes back (a restore, a new slice of the same unit that starts earlier) opens a new
 stream and skips forward.
@@ -30,9 +31,6 @@ import pyarrow.parquet as pq
 
 #: Row groups of at most this many windows are read by reopening (nothing held between reads).
 REOPEN_WINDOWS = 8
-#: Bytes pyarrow reads at a time from a column chunk (``ParquetFile(buffer_size=)``): a stream then
-#: holds this much of the compressed chunk, not all of it.
-STREAM_BUFFER = 1 << 16
 
 
 class RowsChanged(RuntimeError):
