@@ -281,8 +281,7 @@ class OpenParquet:
         self.handle, self.meta = handle, meta
 
     def parquet(self) -> pq.ParquetFile:
-        # No buffer_size: pyarrow's buffered stream over these handles aborted the interpreter at its exit
-        # (1 run in 1 with one source and num_workers=0); so an open window stream holds its compressed column chunk.
+        # No buffer_size (untried over these handles): an open window stream holds its compressed column chunk
         return pq.ParquetFile(self.handle, metadata=self.meta, page_checksum_verification=True)
 
     def close(self) -> None:
@@ -295,7 +294,8 @@ def _rows_within(column: Any, limit: int) -> int:
     large = pa.types.is_large_string(column.type)
     if pa.types.is_string(column.type) or large:
         # from the offsets buffers: pyarrow.compute (binary_length) costs each worker its import
-        lengths = [np.diff(np.frombuffer(c.buffers()[1], np.int64 if large else np.int32)[c.offset:c.offset + len(c) + 1])
+        dtype = np.int64 if large else np.int32
+        lengths = [np.diff(np.frombuffer(c.buffers()[1], dtype)[c.offset:c.offset + len(c) + 1])
                    for c in getattr(column, "chunks", [column]) if len(c)]
         ends = np.cumsum(np.concatenate(lengths)) if lengths else np.zeros(0, np.int64)
         return max(1, int(np.searchsorted(ends, limit, side="right")))

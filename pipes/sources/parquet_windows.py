@@ -8,15 +8,17 @@ row group's size.
 Two ways to reach window ``k``, chosen by the number of windows of the row group (the order
 and the texts are the same either way; only memory and CPU differ):
 
-- few windows (at most `REOPEN_WINDOWS`): each read makes a new `pq.ParquetFile` (from the kept
-  handle and footer: no read) and ``iter_batches``, drops the windows before ``k`` (decoded, not
-  kept), and lets both go after it, so nothing but the window stays held (a `pq.ParquetFile`
-  keeps memory of the row group it read while it lives, parquet.py's `OpenParquet`). Costs up to ``REOPEN_WINDOWS / 2`` decodes per window, cheap beside
-  tokenizing them;
+- few windows (at most `REOPEN_WINDOWS`): each read makes a new `pq.ParquetFile` (from the
+  kept handle and footer: no read) and ``iter_batches``, drops the windows before ``k`` (decoded,
+  not kept), and lets both go after it, so nothing but the window stays held (a `pq.ParquetFile`
+  keeps memory of the row group it read while it lives, parquet.py's `OpenParquet`). Costs up to
+  ``REOPEN_WINDOWS / 2`` extra window decodes per window, cheap beside tokenizing them (decoding
+  is tens of times faster than encoding);
 - many windows: the stream stays open between reads, so consecutive windows cost one decode
   each; it holds pyarrow's decoder state until the row group is done: the column chunk's
-  compressed bytes (pyarrow reads a chunk whole unless told to buffer, and its buffered stream
-  aborted the interpreter at exit over tokenloom's file handles) and about one data page.
+  compressed bytes (pyarrow reads a chunk whole unless given ``buffer_size``, not tried here
+  over tokenloom's file handles), its dictionary page and about one data page. Per source, so
+  with many sources and huge row groups this is what grows; `REOPEN_WINDOWS` trades it for CPU.
 
 A read that goes back (a restore, a new slice of the same unit that starts earlier) opens a new
 stream and skips forward.
@@ -30,7 +32,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 #: Row groups of at most this many windows are read by reopening (nothing held between reads).
-REOPEN_WINDOWS = 8
+REOPEN_WINDOWS = 16
 
 
 class RowsChanged(RuntimeError):
