@@ -213,6 +213,9 @@ def _resolved_config(spec: PackedSpec, plans: Sequence[SourcePlan], encoder: Enc
         "weights": None if len(plans) == 1 else [[s, w] for s, w in schedule],
         "predict_bos": False if chat is not None else spec.text.predict_bos,
         "pad": specials["pad"],
+        # recorded only where it changes an order (a row group read in windows): a state saved before the
+        # setting, or with another budget that reads every row group whole, loads
+        "read_budget": spec.data.read_budget if any(p.windowed for p in plans) else None,
     }
 
 
@@ -240,6 +243,9 @@ def packed_loader(spec: PackedSpec, loader_kwargs: Mapping[str, Any]) -> TokenLo
                                        require_type=list if sft else str, engine=data.engine)
         for plan in plans:
             check_shardable(plan.total_rows, num_shards, f"source {plan.name!r}")
+        # the budget is per worker, shared by the sources (row_windows.py)
+        plans = [p.with_window_bytes(None if data.read_budget is None else max(1, data.read_budget // len(plans)))
+                 for p in plans]
         if cache is None:  # a token cache reads no text
             _start_first_fetches(plans, rank, run.num_workers, num_shards, run.seed, run.epochs)
         _warn_shared_files(plans)

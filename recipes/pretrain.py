@@ -15,7 +15,7 @@ from tokenloom.pipes.schedule import Weights
 from tokenloom.pipes.sources.files import SourceSpec
 
 from .packed import packed_loader
-from .settings import PackedSpec
+from .settings import READ_BUDGET, PackedSpec
 
 
 def pretrain(
@@ -51,6 +51,7 @@ def pretrain(
     cache: Any = None,
     cache_strict: bool = False,
     engine: Optional[str] = None,
+    read_budget: Optional[int] = READ_BUDGET,
     **loader_kwargs: Any,
 ) -> TokenLoomLoader:
     """Build a loader of packed pretraining batches (see the README for every parameter).
@@ -85,6 +86,10 @@ def pretrain(
     token ids are read from it instead of text, giving bitwise the same batches and states that load
     either way; a unit it lacks is tokenized (``stats()["sources"][name]["tokenized"]``), or refused
     with ``cache_strict=True``.
+    ``read_budget``: bytes of decoded text a worker holds for reading, shared by the sources
+    (default ``READ_BUDGET``): a parquet row group larger than ``read_budget / sources`` is decoded in
+    windows of that size and shuffled within each window (None: whole row groups; memory then grows
+    with the sources).
     """
     check_loader_keywords(pretrain, loader_kwargs, also=TokenLoomLoader.USER_KEYWORDS)
     settings = {k: v for k, v in locals().items() if k in SETTINGS}

@@ -72,6 +72,22 @@ def boolean(name: str, value: Any) -> bool:
     return value
 
 
+def byte_size(text: str) -> Optional[int]:
+    """A size on the command line: bytes, or with K, M or G (``64M``); ``none``: None."""
+    t = text.strip().lower()
+    if t == "none":
+        return None
+    scale = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}.get(t.rstrip("ib")[-1:], 1)
+    digits = t.rstrip("ib")[:-1] if scale > 1 else t
+    try:
+        return int(float(digits) * scale)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a size: write bytes, or e.g. 64M or 1G (or none)") from None
+
+
+#: Decoded text a loader worker's readers hold at most, by default (`DataSettings.read_budget`).
+READ_BUDGET = 64 << 20
+
 SOURCES_HINT = "the files changed (names or sizes); resume on the same files, or start without the state"
 ORDER_HINT = "the order of the sources decides the mix's ties and the sequence; pass them in the saved order"
 TEXT_HINT = ("documents are read from this column (text files: split this way); pass the saved text_column= "
@@ -99,6 +115,15 @@ class DataSettings:
         None, doc="path of a parquet index `tokenloom index --out` wrote away from the data ({name: path} with "
                   "several sources); an index in the directory a source resolves under is used without it",
         resume=FREE, why="the index lists the same files faster", cli=Cli(path=True, per_source=True))
+    read_budget: Optional[int] = setting(
+        READ_BUDGET, doc="bytes of decoded text one loader worker (or the training process) holds for reading, "
+                         "shared by the sources: a parquet row group larger than its source's share (read_budget / "
+                         "sources) is decoded in windows of that many bytes (at least 8 rows), its rows shuffled "
+                         "within each window; None: whole row groups (memory then grows with sources x row group)",
+        check=at_least(1, "whole row groups"), absent=None,
+        hint="the row order inside row groups larger than read_budget / sources depends on it; pass the saved "
+             "read_budget (None: whole row groups, what a state saved before this setting read)",
+        cli=Cli(type=byte_size))
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from tokenloom.pipes.sources.files import SourceSpec
 from tokenloom.pipes.tokenizer import load_encoder
 
 from .packed import packed_loader
-from .settings import PackedSpec
+from .settings import READ_BUDGET, PackedSpec
 
 
 def sft(
@@ -62,6 +62,7 @@ def sft(
     max_wait: Optional[int] = None,
     min_fill: int = 1,
     engine: Optional[str] = None,
+    read_budget: Optional[int] = READ_BUDGET,
     **loader_kwargs: Any,
 ) -> TokenLoomLoader:
     """Build a loader of packed conversation batches (see the module docstring and the README).

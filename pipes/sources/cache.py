@@ -155,7 +155,8 @@ class ReadCached(CursorReader, SkipCount, Node[Doc]):
     def __init__(self, parent: ShardUnits, plan: SourcePlan, cache: UnitCache, *, seed: int = 0):
         super().__init__(parent)
         self.plan, self.units, self.cache, self.source = plan, plan.units, cache, plan.name
-        self._cursor = UnitCursor(parent, self._load, seed=seed, shuffle_rows=True)
+        # the plan's read windows (row_windows.py): the rows come in the order the text reader reads them
+        self._cursor = UnitCursor(parent, self._load, seed=seed, shuffle_rows=True, windows=plan.windows)
         self._open = OpenFiles(self.OPEN_FILES)
         self._texts: Optional[UnitTexts] = None  # made for the first unit the cache lacks
         self._unit = -1  # the unit loaded: the same unit again (a restore, an elastic prefix) is not re-read

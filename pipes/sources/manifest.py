@@ -55,6 +55,9 @@ VERSION = 2  # 2: the footer hash of every file
 K_FORMAT, K_VERSION, K_SPEC, K_COLUMN = "format", "version", "spec", "column"
 K_SCHEMAS, K_FILES = "schemas", "files"
 K_NAME, K_SIZE, K_ROW_GROUPS, K_SCHEMA, K_FOOTER = "name", "size", "row_groups", "schema", "footer"
+#: Per row group, each column's uncompressed bytes (what sizes read windows, row_windows.py); an index
+#: written before it lacks the key, and its sources are then read in whole row groups (a warning says so).
+K_SIZES = "sizes"
 
 
 def _base(f: SourceFile) -> str:
@@ -97,7 +100,7 @@ def build_manifest(spec: str, files: Sequence[SourceFile], column: Optional[str]
             check_column(f, footer, column, None)
         schema = schemas.setdefault(footer.columns, len(schemas))
         entries.append({K_NAME: f.name, K_SIZE: f.size, K_FOOTER: footer.digest, K_ROW_GROUPS: list(footer.row_groups),
-                        K_SCHEMA: schema})
+                        K_SCHEMA: schema, K_SIZES: [list(x) for x in footer.sizes]})
         if footer.handle is not None:
             footer.handle.close()
     # Absolute, so the "re-run `tokenloom index SPEC`" hint works from any directory.
@@ -152,7 +155,11 @@ class Manifest:
                 rows = tuple(int(x) for x in e[K_ROW_GROUPS])
                 if any(x < 0 for x in rows) or not isinstance(e[K_SIZE], int) or not isinstance(e[K_FOOTER], str):
                     raise ValueError(f"bad entry {e!r:.200}")
-                self.footers[str(e[K_NAME])] = (e[K_SIZE], Footer(schemas[int(e[K_SCHEMA])], rows, e[K_FOOTER]))
+                columns = schemas[int(e[K_SCHEMA])]
+                sizes = tuple(tuple(int(x) for x in rg) for rg in e.get(K_SIZES, ()))
+                if sizes and (len(sizes) != len(rows) or any(len(rg) != len(columns) for rg in sizes)):
+                    raise ValueError(f"bad sizes in entry {e!r:.200}")
+                self.footers[str(e[K_NAME])] = (e[K_SIZE], Footer(columns, rows, e[K_FOOTER], sizes))
         except (KeyError, TypeError, ValueError, IndexError) as e:
             raise ValueError(f"{shown} is not a tokenloom index this version can read ({e!r:.300}); {rerun}, "
                              f"or delete it to list the files' footers instead") from None

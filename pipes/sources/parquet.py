@@ -2,10 +2,14 @@
 
 Listing opens each file's footer once (in the process that builds the loader)
 and records ``(file, row group, rows)`` for every non-empty row group; the
-resulting `UnitTable` is three small integer arrays, so it crosses into loader
-workers cheaply. Reading loads one row group's text column at a time, so memory
-is bounded by the largest row group (a row group of text takes about its own size
-in Arrow), whatever the corpus size.
+resulting `UnitTable` is a few small integer arrays (rows and the column's uncompressed
+bytes per row group), so it crosses into loader workers cheaply. Reading loads one row
+group's text column at a time, or, for a row group larger than the reader's window
+(``windows``, sized by the recipes from ``read_budget`` shared by the sources), one window
+of its rows (row_windows.py, parquet_windows.py); texts become Python strings a chunk at a
+time (`ReadParquet.CHUNK_ROWS`, `ReadParquet.CHUNK_BYTES`). So what one worker holds is
+about ``read_budget`` of decoded rows plus a chunk of texts per source, whatever the corpus
+and its row groups; with ``read_budget=None`` it is a row group per source.
 
 Inside a unit, rows are visited in a seeded permutation per (epoch, unit); a
 shard reads positions ``[lo, hi)`` of that permutation, so shards that split a
@@ -45,7 +49,7 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass, field, replace
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import pyarrow as pa
@@ -59,7 +63,9 @@ from .files import FileChangedError, FileUnits, OpenFiles, SourceFile, sft_advic
 from .listing_at_once import each_file
 from .first_fetches import FirstFetches
 from .parquet_footer import MAGIC, TAIL_BYTES, footer_bytes  # noqa: F401 (MAGIC, TAIL_BYTES re-exported)
+from .parquet_windows import RowsChanged, UnitWindows
 from .readahead import RowGroupReadAhead, budget_for
+from .row_windows import windowed
 from .text_files import CursorReader, SkipCount, UnitCursor
 
 log = logging.getLogger(__name__)
@@ -82,6 +88,9 @@ class UnitTable(FileUnits):
     handles: Optional[List[Any]] = field(default=None, compare=False, repr=False)
     #: The row groups the loader's workers read first, fetched by the process that built it (readahead.py).
     first: Optional[FirstFetches] = field(default=None, compare=False, repr=False)
+    #: Each unit's uncompressed bytes of the listed column (footers), which size its read windows
+    #: (row_windows.py); None when a footer did not say (an index written before it recorded them).
+    col_bytes: Optional[np.ndarray] = field(default=None, compare=False, repr=False)
 
     def __getstate__(self) -> Dict[str, Any]:
         return {**self.__dict__, "handles": None}
@@ -112,12 +121,16 @@ def column_kind(t: pa.DataType) -> str:
 @dataclass(frozen=True)
 class Footer:
     """What listing needs from one file's footer: its columns as ``(name, type, kind)``,
-    the number of rows of each row group (empty ones included, so indices hold), and the
-    footer's content key (a hash of its bytes: the file's key in resume fingerprints)."""
+    the number of rows of each row group (empty ones included, so indices hold), the footer's
+    content key (a hash of its bytes: the file's key in resume fingerprints), and the columns'
+    uncompressed sizes per row group."""
 
     columns: Tuple[Tuple[str, str, str], ...]
     row_groups: Tuple[int, ...]
     digest: str = ""
+    #: Per row group, the uncompressed bytes of each column of ``columns`` (its leaves summed); empty
+    #: when unknown (an index written before it recorded them): what sizes a unit's read windows.
+    sizes: Tuple[Tuple[int, ...], ...] = ()
     raw: bytes = field(default=b"", compare=False, repr=False)  # the footer's bytes, when read from the file
     handle: Any = field(default=None, compare=False, repr=False)  # a remote file as listing opened it
 
@@ -143,7 +156,24 @@ def read_footer(f: SourceFile) -> Footer:
                          "interrupted copy or write): copy or write it again, or remove it from the source") from e
     return Footer(tuple((x.name, str(x.type), column_kind(x.type)) for x in schema),
                   tuple(meta.row_group(i).num_rows for i in range(meta.num_row_groups)), content_key(raw),
-                  raw if remote else b"", handle if remote else None)
+                  column_sizes(meta, schema.names), raw if remote else b"", handle if remote else None)
+
+
+def column_sizes(meta: pq.FileMetaData, names: Sequence[str]) -> Tuple[Tuple[int, ...], ...]:
+    """Per row group, the uncompressed bytes of each top-level column ``names[j]``: the sum over its
+    leaf columns (a list of messages has several) of ``total_uncompressed_size``."""
+    where = {name: j for j, name in enumerate(names)}
+    out = []
+    for i in range(meta.num_row_groups):
+        rg = meta.row_group(i)
+        sizes = [0] * len(names)
+        for c in range(rg.num_columns):
+            col = rg.column(c)
+            j = where.get(col.path_in_schema.split(".", 1)[0])
+            if j is not None:
+                sizes[j] += int(col.total_uncompressed_size)
+        out.append(tuple(sizes))
+    return tuple(out)
 
 
 #: Footer bytes of a remote source's files kept for the loader workers, at most (beyond: they read them).
@@ -209,14 +239,16 @@ def units_from_footers(files: Sequence[SourceFile], footers: Sequence[Footer], c
     table's files carry their footers' digests as content keys."""
     if require not in REQUIRES:
         raise ValueError(f"{require=} must be one of {REQUIRES}")
-    f_idx, rgs, rows = [], [], []
+    f_idx, rgs, rows, sizes = [], [], [], []
     for i, (f, footer) in enumerate(zip(files, footers)):
         check_column(f, footer, column, require)
+        j = next((j for j, c in enumerate(footer.columns) if c[0] == column), None)
         for rg, n in enumerate(footer.row_groups):
             if n > 0:
                 f_idx.append(i)
                 rgs.append(rg)
                 rows.append(n)
+                sizes.append(footer.sizes[rg][j] if footer.sizes and j is not None else -1)
     keyed = [replace(f, key=footer.digest) for f, footer in zip(files, footers)]
     raw = [footer.raw for footer in footers]
     ship = (any(f.fs.type_name != "local" for f in files) and all(raw)
@@ -227,14 +259,47 @@ def units_from_footers(files: Sequence[SourceFile], footers: Sequence[Footer], c
             if h is not None:
                 h.close()
         handles = None
+    col_bytes = np.asarray(sizes, np.int64)
     return UnitTable(keyed, np.asarray(f_idx, np.int32), np.asarray(rgs, np.int32), np.asarray(rows, np.int64),
-                     raw if ship else None, handles)
+                     raw if ship else None, handles, col_bytes=None if (col_bytes < 0).any() else col_bytes)
 
 
 def list_parquet_units(files: Sequence[SourceFile], column: str, *, require: Optional[str] = TEXT) -> UnitTable:
     """Read every footer once and list the units; ``column`` must hold ``require``
     (``"text"``; ``"list"`` for conversations; None: anything)."""
     return units_from_footers(files, read_footers(files), column, require=require)
+
+
+class OpenParquet:
+    """A parquet file a reader keeps open: its handle and its parsed footer. A `pq.ParquetFile` is made
+    from them per unit (`parquet`: no read) and dropped with the unit, because pyarrow keeps memory
+    of the last row group read in a `pq.ParquetFile` for as long as the object lives (figures in
+    docs/performance.md, "Memory per worker"): one per reader and file, that is memory per source
+    that no reading needs."""
+
+    def __init__(self, handle: Any, meta: pq.FileMetaData):
+        self.handle, self.meta = handle, meta
+
+    def parquet(self) -> pq.ParquetFile:
+        # No buffer_size (untried over these handles): an open window stream holds its compressed column chunk
+        return pq.ParquetFile(self.handle, metadata=self.meta, page_checksum_verification=True)
+
+    def close(self) -> None:
+        self.handle.close()
+
+
+def _rows_within(column: Any, limit: int) -> int:
+    """How many first rows of ``column`` hold at most ``limit`` bytes of values (at least one): by
+    the values' lengths for text, else in proportion to the column's bytes."""
+    large = pa.types.is_large_string(column.type)
+    if pa.types.is_string(column.type) or large:
+        # from the offsets buffers: pyarrow.compute (binary_length) costs each worker its import
+        dtype = np.int64 if large else np.int32
+        lengths = [np.diff(np.frombuffer(c.buffers()[1], dtype)[c.offset:c.offset + len(c) + 1])
+                   for c in getattr(column, "chunks", [column]) if len(c)]
+        ends = np.cumsum(np.concatenate(lengths)) if lengths else np.zeros(0, np.int64)
+        return max(1, int(np.searchsorted(ends, limit, side="right")))
+    return max(1, len(column) * limit // column.nbytes)
 
 
 def _bad_utf8(value: pa.Scalar) -> bool:
@@ -247,6 +312,13 @@ def _bad_utf8(value: pa.Scalar) -> bool:
 
 class ReadParquet(CursorReader, SkipCount, Node[Doc]):
     """Reads the documents of the slices a `ShardUnits` node emits.
+
+    Memory: what a reader holds is its position, the rows it is reading (a whole row group, or
+    one window of a row group larger than ``windows[unit]`` rows, row_windows.py and
+    parquet_windows.py) and the Python texts of at most `CHUNK_ROWS` rows (fewer when they pass
+    `CHUNK_BYTES`): texts are converted as the cursor reaches them, never a whole slice at once.
+    At a slice's end the texts and the rows are let go, unless the next slice reads the same
+    unit (an elastic resume's prefix lists documents one by one, sorted by unit).
 
     Null values are skipped, counted in the state (``skipped``, and per source in a
     recipe's ``loader.stats()``) and reported once per worker with their location,
@@ -265,6 +337,9 @@ class ReadParquet(CursorReader, SkipCount, Node[Doc]):
         readahead: the read-ahead byte budget (0: read synchronously; None: by
             ``TOKENLOOM_READAHEAD``, readahead.py's ``DEFAULT_BYTES`` for remote files and
             none for local ones).
+        windows: rows per read window of each unit (`row_windows.window_rows`; the recipes size
+            them from ``read_budget``); a unit with more rows is read, and its rows shuffled, in
+            windows. None: whole row groups.
 
     State keys: ``PARENT`` (the sharder's state at the start of the current slice), ``ROW`` (rows
     of that slice handed out, null ones included; a restore reads the row group again and skips
@@ -278,24 +353,40 @@ class ReadParquet(CursorReader, SkipCount, Node[Doc]):
 
     #: Open parquet files kept per worker; reopening costs a footer read.
     OPEN_FILES = 8
+    #: Rows whose texts are converted to Python at once (and held), at most.
+    CHUNK_ROWS = 32
+    #: Arrow bytes of the rows converted at once, at most (at least one row is).
+    CHUNK_BYTES = 32 << 10
 
     def __init__(self, parent: ShardUnits, units: UnitTable, *, column: str = "text", source: str = "",
-                 seed: int = 0, shuffle_rows: bool = True, readahead: Optional[int] = None):
+                 seed: int = 0, shuffle_rows: bool = True, readahead: Optional[int] = None,
+                 windows: Optional[np.ndarray] = None):
         super().__init__(parent)
         self.parent, self.units, self.column = parent, units, column
         self.source, self.seed, self.shuffle_rows = source, seed, shuffle_rows
         self.readahead = readahead
+        if windows is not None and len(windows) != len(units.rows):
+            raise ValueError(f"windows has {len(windows)} entries for {len(units.rows)} units: give one per unit "
+                             "(row_windows.window_rows), or None to read whole row groups")
         self._ahead: Any = None  # RowGroupReadAhead, made at the first reset (in the process that reads); False: off
         self._open = OpenFiles(self.OPEN_FILES)
-        self._cursor = UnitCursor(parent, self._load, seed=seed, shuffle_rows=shuffle_rows)
-        self._column: Any = None  # the loaded unit's column, rows in file order
-        self._texts: Optional[list] = None  # the slice's rows of it, in the cursor's order (taken at the first read)
+        self._cursor = UnitCursor(parent, self._load, seed=seed, shuffle_rows=shuffle_rows, windows=windows)
         self._skipped = 0
         self._warned = False
-        self._last_table: Optional[Tuple[int, Any]] = None
+        self._drop_unit()
+
+    def _drop_unit(self) -> None:
+        """Let go of the loaded unit's rows and texts."""
+        self._unit = -1  # the unit whose rows are loaded (whole, or in windows)
+        self._column: Any = None  # its rows in file order: the whole unit, or window `_window`
+        self._first = 0  # the row (in file order) `_column` starts at
+        self._window = -1  # which window `_column` is (-1: the whole unit)
+        self._windows: Optional[UnitWindows] = None  # the unit's windows, for a unit read in windows
+        self._texts: list = []  # Python texts of the slice's rows [_chunk, _chunk + len(_texts)) (cursor order)
+        self._chunk = 0
 
     def reset(self, initial_state: Optional[Dict[str, Any]] = None) -> None:
-        self._texts, self._last_table = None, None
+        self._drop_unit()
         self._restore_position(initial_state)
         ahead = self._read_ahead()
         if ahead is not None:
@@ -322,16 +413,36 @@ class ReadParquet(CursorReader, SkipCount, Node[Doc]):
         ahead = self._ahead or None
         return None if ahead is None else ahead.stats()
 
+    def _opened(self, i: int) -> "OpenParquet":
+        handle = self.units.files[i].open_unchanged()
+        try:
+            return OpenParquet(handle, pq.ParquetFile(handle).metadata)
+        except BaseException:
+            handle.close()
+            raise
+
     def _parquet(self, i: int) -> pq.ParquetFile:
-        return pq.ParquetFile(self.units.files[i].open_unchanged(), page_checksum_verification=True)
+        """File ``i`` as a new `pq.ParquetFile` over its kept handle and footer (see `OpenParquet`)."""
+        return self._open.get(i, self._opened).parquet()
 
     def _read_unit(self, u: int) -> pa.Table:
         """Unit ``u``'s column as a one-column table (a reader of another container overrides it)."""
         ahead = self._ahead or None
         if ahead is not None:
             return ahead.read((int(self.units.file[u]), int(self.units.row_group[u])))
-        pf = self._open.get(int(self.units.file[u]), self._parquet)
-        return pf.read_row_group(int(self.units.row_group[u]), columns=[self.column])
+        # use_threads=False: one column decodes the same on the calling thread, and buffers of a Python
+        # file freed on pyarrow's threads at the interpreter's exit abort it (readahead.py's `_decode`)
+        return self._parquet(int(self.units.file[u])).read_row_group(int(self.units.row_group[u]),
+                                                                     columns=[self.column], use_threads=False)
+
+    def _unit_file(self, u: int) -> Callable[[], pq.ParquetFile]:
+        """What makes unit ``u``'s file as a new `pq.ParquetFile`, to read its row group in windows: over
+        the bytes fetched ahead, or over the file."""
+        ahead = self._ahead or None
+        if ahead is not None:
+            return ahead.read((int(self.units.file[u]), int(self.units.row_group[u])), whole=False)
+        opened = self._open.get(int(self.units.file[u]), self._opened)
+        return opened.parquet
 
     def _read_error(self, u: int, e: Exception) -> Exception:
         """The error for unit ``u`` failing to read with ``e``: where, why, and what to do."""
@@ -343,44 +454,87 @@ class ReadParquet(CursorReader, SkipCount, Node[Doc]):
 
     def _load(self, s: WorkSlice) -> int:
         u = s.unit
+        n = int(self.units.rows[u])
+        self._texts, self._chunk = [], 0
+        if u == self._unit:  # the same unit again (an elastic prefix's next document): kept at the slice's end
+            return n
+        self._drop_unit()
+        window = self._cursor.window(u)
         try:
-            if self._last_table is not None and self._last_table[0] == u:
-                # An elastic resume's prefix lists documents one by one, sorted by unit.
-                table = self._last_table[1]
+            if windowed(n, window):
+                group = int(self.units.row_group[u])
+                make = self._unit_file(u)
+                found = make().metadata.row_group(group).num_rows
             else:
                 table = self._read_unit(u)
-                self._last_table = (u, table)
+                found = table.num_rows
         except FileChangedError:
             raise
         except Exception as e:
             raise self._read_error(u, e) from e
-        n = int(self.units.rows[u])
-        if table.num_rows != n:
-            raise RuntimeError(f"{self.units.where(u)} has {table.num_rows} rows, its footer said {n}; "
+        if found != n:
+            raise RuntimeError(f"{self.units.where(u)} has {found} rows, its footer said {n}; "
                                "the file changed after the loader was built")
-        self._column, self._texts = table.column(0), None
+        if windowed(n, window):
+            self._windows = UnitWindows(make, unit=u, row_group=group, column=self.column, rows=n, window=window)
+        else:
+            self._column = table.column(0)
+        self._unit = u
         return n
 
-    def _take(self, u: int) -> list:
-        """The texts of the slice's rows (the cursor's order) of unit ``u``'s loaded column."""
+    def _take(self, s: WorkSlice, i: int) -> None:
+        """Convert the texts of the slice's rows from index ``i`` (in the cursor's order) on: at most
+        `CHUNK_ROWS` rows and `CHUNK_BYTES` bytes, within one window."""
+        rows = self._cursor.rows
+        end = min(len(rows), i + self.CHUNK_ROWS)
+        if self._windows is not None:
+            w = self._windows.window
+            k = (s.lo + i) // w
+            if k != self._window:
+                self._column = None  # the old window goes before the next is decoded
+                try:
+                    self._column = self._windows.get(k)
+                except RowsChanged as e:
+                    raise RuntimeError(f"{self.units.where(s.unit)}: {e}") from e
+                except Exception as e:
+                    raise self._read_error(s.unit, e) from e
+                self._window, self._first = k, k * w
+            end = min(end, (k + 1) * w - s.lo)  # positions of window k end there
         # From the buffer: pa.array() on any input imports pandas, 0.15-0.2 s of each worker's first batch.
-        rows = np.ascontiguousarray(self._cursor.rows, dtype=np.int64)
-        column = self._column.take(pa.Array.from_buffers(pa.int64(), len(rows), [None, pa.py_buffer(rows)]))
+        idx = np.ascontiguousarray(rows[i:end], dtype=np.int64) - self._first
+        column = self._column.take(pa.Array.from_buffers(pa.int64(), len(idx), [None, pa.py_buffer(idx)]))
+        if len(idx) > 1 and column.nbytes > self.CHUNK_BYTES:
+            keep = _rows_within(column, self.CHUNK_BYTES)
+            column, idx = column.slice(0, keep), idx[:keep]
         try:
-            return column.to_pylist()
+            self._texts = column.to_pylist()
         except UnicodeDecodeError as e:
-            row = next(int(r) for r, v in zip(rows, column) if _bad_utf8(v))
-            raise ValueError(f"{self.units.where(u, row)}: invalid UTF-8 in column {self.column!r} ({e.reason} at "
-                             f"byte {e.start}); the page is corrupt, or the column holds binary data as a string. "
+            row = next(int(r) + self._first for r, v in zip(idx, column) if _bad_utf8(v))
+            raise ValueError(f"{self.units.where(s.unit, row)}: invalid UTF-8 in column {self.column!r} ({e.reason} "
+                             f"at byte {e.start}); the page is corrupt, or the column holds binary data as a string. "
                              "Rewrite or remove the file") from e
+        self._chunk = i
+
+    def _slice_done(self, s: WorkSlice) -> None:
+        """The slice's last row is out: let go of its texts, and of its unit unless the next slice reads it."""
+        self._texts = []
+        ahead = getattr(self.parent, "ahead", None)
+        nxt = next(iter(ahead()), None) if ahead is not None else None
+        if nxt is None or nxt.unit != s.unit:
+            if self._windows is not None:
+                self._windows.close()
+            self._drop_unit()
 
     def next(self) -> Doc:
         while True:
             s, row = self._cursor.next()
-            if self._texts is None:
-                self._texts = self._take(s.unit)
             pos = self._cursor.last_pos()
-            text = self._texts[pos - s.lo]
+            i = pos - s.lo
+            if not self._chunk <= i < self._chunk + len(self._texts):
+                self._take(s, i)
+            text = self._texts[i - self._chunk]
+            if self._cursor.at_slice_end():
+                self._slice_done(s)
             if text is not None:
                 return Doc(text, self.source, s.unit, row, s.epoch, pos, s.used)
             self._skipped += 1

@@ -19,7 +19,12 @@ lookup, one request) once per worker.
   ``64 << 20`` per reader, and at most ``DEPTH`` units ahead); ranges are reserved in the
   reader's order, so a later unit never takes the budget from an earlier one, and a unit
   larger than the budget is fetched alone. Footers are kept for ``max(OPEN_FILES, 2 * DEPTH)``
-  files.
+  files. The budget is per reader, not shared by a worker's sources (unlike the decoded rows,
+  ``read_budget``, row_windows.py): a shared one must decide which source's fetches wait while
+  the mix draws elsewhere, and a source whose next unit is not fetched then reads it on the
+  critical path; with many remote sources, lower ``TOKENLOOM_READAHEAD_BYTES`` (a worker holds up
+  to sources x budget of compressed bytes ahead). A row group read in windows keeps its fetched
+  (compressed) bytes until the reader leaves it (`read` with ``whole=False``).
 - **Parallel.** Ranges longer than ``PART_BYTES`` are fetched as several range reads
   at once (an object store's bandwidth is per connection); column chunks closer than
   ``HOLE_BYTES`` are read as one range.
@@ -450,8 +455,11 @@ class RowGroupReadAhead:
                 self._started = True
                 self._schedule()
 
-    def read(self, key: Key) -> pa.Table:
+    def read(self, key: Key, whole: bool = True) -> Any:
         """Row group ``key[1]`` of file ``key[0]``, decoded: from the bytes fetched ahead, else read now.
+        ``whole=False``: what makes the file as a new `pq.ParquetFile` over those bytes instead, for a
+        reader that decodes the row group in windows (parquet_windows.py); it holds the fetched
+        (compressed) bytes.
         Raises what fetching or decoding raised (the reader names the unit)."""
         _start_waiting()
         with self._lock:
@@ -479,7 +487,7 @@ class RowGroupReadAhead:
         t0 = time.perf_counter()
         if fetch is None:
             self.counts["inline"] += 1
-            return self._read_inline(key)
+            return self._read_inline(key, whole)
         if not fetch.done:
             self.counts["waited"] += 1
         else:
@@ -497,7 +505,7 @@ class RowGroupReadAhead:
         chunks = [(off, data) for off, data in zip(fetch.offsets, fetch.parts)]
         if not again:
             fetch.parts = None
-        return self._decode(fetch.handle, fetch.meta, fetch.file_size, key[1], chunks)
+        return self._decode(fetch.handle, fetch.meta, fetch.file_size, key[1], chunks, whole)
 
     @property
     def held(self) -> int:
@@ -637,7 +645,7 @@ class RowGroupReadAhead:
         if done:
             f.future.set_result(None)
 
-    def _read_inline(self, key: Key) -> pa.Table:
+    def _read_inline(self, key: Key, whole: bool = True) -> Any:
         """A unit that was not fetched ahead (its footer was on its way, or the plan moved): its
         file's footer as read ahead, its ranges read here."""
         with self._lock:
@@ -646,10 +654,13 @@ class RowGroupReadAhead:
         chunks = [(off, _read_range(handle, off, n)) for off, n in chunk_ranges(meta, key[1], self.columns, size)]
         with self._lock:
             self.counts["fetched_bytes"] += sum(len(data) for _, data in chunks)
-        return self._decode(handle, meta, size, key[1], chunks)
+        return self._decode(handle, meta, size, key[1], chunks, whole)
 
-    def _decode(self, handle: Any, meta: Any, size: int, row_group: int, chunks: List[Tuple[int, Any]]) -> pa.Table:
+    def _decode(self, handle: Any, meta: Any, size: int, row_group: int, chunks: List[Tuple[int, Any]],
+                whole: bool = True) -> Any:
         src = RangeFile(handle, size, chunks)
+        if not whole:
+            return lambda: pq.ParquetFile(src, metadata=meta, page_checksum_verification=self.checksums)
         pf = pq.ParquetFile(src, metadata=meta, page_checksum_verification=self.checksums)
         # use_threads=False: pyarrow wraps what a Python file returns in buffers that need the GIL to be freed;
         # freed on one of pyarrow's own threads while the interpreter exits, they abort the process ("terminate

@@ -24,8 +24,11 @@ conversation, so ``sft(messages_field=)``).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+import warnings
+from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
+
+import numpy as np
 
 from ..base import Node
 from ..items import Doc
@@ -37,6 +40,7 @@ from ..shard import ShardUnits
 from .fingerprint import source_fingerprint
 from .files import COMPRESSIONS, FORMAT_SUFFIXES, SourceFile, SourceSpec, resolve_files
 from .line_listing import list_text_units
+from .row_windows import window_rows
 from .text_files import ReadText
 
 TEXT_MODES = ("file", "paragraphs")
@@ -80,6 +84,30 @@ class SourcePlan:
     column: str
     text_mode: str
     require_type: Optional[type] = str
+    #: Rows per read window of each unit (row_windows.py; `with_window_bytes` sets them for parquet
+    #: sources); None: whole units.
+    windows: Optional[np.ndarray] = field(default=None, compare=False, repr=False)
+
+    def with_window_bytes(self, window_bytes: Optional[int]) -> "SourcePlan":
+        """This plan with its parquet units read in windows of about ``window_bytes`` decoded bytes
+        (row_windows.py; None: whole units). Other formats hold bounded units already (jsonl and text
+        units are cut at listing, a dataset's Arrow files are memory-mapped): unchanged. A listing
+        without the columns' sizes (an index written before it recorded them) reads whole row
+        groups, and a warning says to write the index again."""
+        if window_bytes is None or self.fmt != "parquet":
+            return replace(self, windows=None)
+        col_bytes = getattr(self.units, "col_bytes", None)
+        if col_bytes is None:
+            warnings.warn(f"source {self.name!r}: its listing does not give the row groups' sizes (an index written "
+                          "by an older tokenloom), so its row groups are read whole, whatever read_budget says; "
+                          "re-run `tokenloom index` on it to bound its memory", stacklevel=2)
+            return replace(self, windows=None)
+        return replace(self, windows=window_rows(self.units.rows, col_bytes, window_bytes))
+
+    @property
+    def windowed(self) -> bool:
+        """Is any unit read in several windows (which changes its row order, row_windows.py)?"""
+        return self.windows is not None and bool((np.asarray(self.units.rows) > self.windows).any())
 
     @property
     def total_rows(self) -> int:
@@ -102,7 +130,7 @@ class SourcePlan:
         if self.fmt == HF:
             return ReadArrow(shard, self.units, column=self.column, **kw)
         if self.fmt == "parquet":
-            return ReadParquet(shard, self.units, column=self.column, **kw)
+            return ReadParquet(shard, self.units, column=self.column, windows=self.windows, **kw)
         if self.fmt == "jsonl":
             return ReadJsonl(shard, self.units, field=self.column, require_type=self.require_type, **kw)
         return ReadText(shard, self.units, **kw)

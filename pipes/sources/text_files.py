@@ -44,8 +44,9 @@ import numpy as np
 from ..base import Node
 from ..items import Doc
 from ..roles import READER
-from ..shard import ROW_ORDER_TAG, ShardUnits, WorkSlice, rng_for, unread_after
+from ..shard import ShardUnits, WorkSlice, unread_after
 from .files import FileUnits, OpenFiles, SourceFile
+from .row_windows import ordered_rows
 
 ASCII_WS = " \t\n\r\x0b\x0c"
 # One or more blank lines after a line end: the separator between paragraphs.
@@ -184,13 +185,16 @@ class UnitCursor:
 
     Walks the rows of the slices a `ShardUnits` emits: for each slice it calls
     ``load(slice) -> rows in the unit`` once, then hands out ``(slice, row)`` for the
-    slice's share of the unit's seeded row permutation. Its position is the sharder's
-    state at the start of the current slice plus how many rows of the slice were handed
-    out; a restore loads that slice again and skips.
+    slice's share of the unit's seeded row order (row_windows.py: one permutation per unit, or
+    per window of ``windows[unit]`` rows for a unit larger than that). Its position is the
+    sharder's state at the start of the current slice plus how many rows of the slice were
+    handed out; a restore loads that slice again and skips.
     """
 
-    def __init__(self, parent: ShardUnits, load: Callable[[WorkSlice], int], *, seed: int, shuffle_rows: bool):
+    def __init__(self, parent: ShardUnits, load: Callable[[WorkSlice], int], *, seed: int, shuffle_rows: bool,
+                 windows: Optional[np.ndarray] = None):
         self.parent, self.load, self.seed, self.shuffle_rows = parent, load, seed, shuffle_rows
+        self.windows = windows  # rows per window of each unit (row_windows.py); None: whole units
         self._slice: Optional[WorkSlice] = None
         self._start_state: Optional[Dict[str, Any]] = None
         self._rows = np.empty(0, np.int64)
@@ -207,9 +211,9 @@ class UnitCursor:
                 self._start_state = self.parent.state_dict()
                 s = next(self.parent)  # StopIteration ends the stream
                 n = self.load(s)
-                order = rng_for(self.seed, ROW_ORDER_TAG, s.epoch, s.unit).permutation(n) if self.shuffle_rows \
-                    else np.arange(n)
-                self._rows, self._slice = order[s.lo:s.hi], s
+                self._rows = ordered_rows(self.seed, s.epoch, s.unit, n, s.lo, s.hi, window=self.window(s.unit),
+                                          shuffle=self.shuffle_rows)
+                self._slice = s
                 self._pos, self._skip_to = self._skip_to, 0
             if self._pos < len(self._rows):
                 row = int(self._rows[self._pos])
@@ -237,6 +241,14 @@ class UnitCursor:
     def rows(self) -> np.ndarray:
         """The current slice's rows of its unit, in the order they are handed out."""
         return self._rows
+
+    def window(self, unit: int) -> Optional[int]:
+        """Rows per window of ``unit`` (None: read whole)."""
+        return None if self.windows is None else int(self.windows[unit])
+
+    def at_slice_end(self) -> bool:
+        """Was the row handed out last the current slice's last (the next `next` loads another slice)?"""
+        return self._slice is not None and self._pos >= len(self._rows)
 
     def last_pos(self) -> int:
         """The position (in the slice's row order) of the row handed out last."""
