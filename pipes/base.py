@@ -124,12 +124,24 @@ def _checked_reset(fn):
     return reset
 
 
+_KEY_SETS: Dict[type, frozenset] = {}
+
+
+def _key_set(cls: type) -> frozenset:
+    """``cls.STATE_KEYS`` as a set, made once per class: the check runs at every state taken."""
+    keys = _KEY_SETS.get(cls)
+    if keys is None:
+        keys = _KEY_SETS[cls] = frozenset(cls.STATE_KEYS)
+    return keys
+
+
 def _checked_get_state(fn):
     @functools.wraps(fn)
     def get_state(self: Node) -> Dict[str, Any]:
         state = fn(self)
-        keys = type(self).STATE_KEYS
-        if len(state) != len(keys) or any(k not in state for k in keys):
+        cls = type(self)
+        keys = cls.STATE_KEYS
+        if len(state) != len(keys) or not state.keys() >= _key_set(cls):
             raise StateError(
                 f"{_describe(self)}.get_state() returned keys {sorted(state)} but declares "
                 f"STATE_KEYS={list(keys)}; a node must return the same keys at every step"

@@ -184,7 +184,7 @@ class Mix(Node[TokenDoc]):
         self._ended = False
         self._era = -1
         self._era_base = [0] * n  # the counted unit at the start of the current era
-        self._midway = [False] * n
+        self._midway = [0] * n  # 1: a document handed out in part (as the state saves it)
         self._after_load()
 
     def _after_load(self) -> None:
@@ -223,7 +223,7 @@ class Mix(Node[TokenDoc]):
         self._ended = bool(initial_state[self.ENDED])
         self._era = int(initial_state[self.ERA])
         self._era_base = [int(x) for x in initial_state[self.ERA_BASE]]
-        self._midway = [bool(x) for x in initial_state[self.MIDWAY]]
+        self._midway = [1 if x else 0 for x in initial_state[self.MIDWAY]]
         self._after_load()
 
     # --- who moved -------------------------------------------------------------------
@@ -342,7 +342,7 @@ class Mix(Node[TokenDoc]):
 
     # --- the node ------------------------------------------------------------------
     def _set_midway(self, i: int, more: Any) -> None:
-        self._midway[i] = more
+        self._midway[i] = 1 if more else 0
         if more:
             self._midway_at.add(i)
         else:
@@ -356,7 +356,7 @@ class Mix(Node[TokenDoc]):
         """The next piece of the document source ``i`` handed out in part."""
         self._pulled(i)
         doc = self.children[i].next()
-        self._set_midway(i, bool(getattr(doc, "more", False)))
+        self._set_midway(i, getattr(doc, "more", False))
         n = len(doc.ids) - doc.used
         self._tokens[i] += n
         if self.unit == "tokens":
@@ -434,7 +434,7 @@ class Mix(Node[TokenDoc]):
             self.TOKENS: list(self._tokens), self.DOCUMENTS: list(self._docs), self.PASSES: list(self._passes),
             self.EXHAUSTED: list(self._exhausted), self.PICKS: self._picks, self.CURSOR: self._cursor,
             self.ENDED: self._ended, self.ERA: self._era, self.ERA_BASE: list(self._era_base),
-            self.MIDWAY: list(map(int, self._midway)),
+            self.MIDWAY: list(self._midway),
         }
 
     def get_state_counters(self) -> Dict[str, Any]:

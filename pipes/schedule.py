@@ -94,6 +94,7 @@ class StepClock:
         self.picks = 0  # picks the mixer has made: the replay horizon
         self.eras: List[Tuple[int, List[float]]] = []
         self._due_step = -1  # the schedule lookup is cached per step: it runs once per document
+        self._due: Any = None  # (breakpoint, schedule) the last era was checked against
 
     @property
     def step(self) -> int:
@@ -108,9 +109,12 @@ class StepClock:
             if step != self._due_step or not self.eras:
                 self._due_step = step
                 due = max(i for i, (s, _) in enumerate(schedule) if s <= step)
-                shares = [schedule[due][1][n] for n in names]
-                if not self.eras or self.eras[-1][1] != shares:
-                    self.eras.append((pick, shares))
+                if self._due != (due, id(schedule)) or not self.eras:
+                    # once a breakpoint, not once a step: a list per source
+                    shares = [schedule[due][1][n] for n in names]
+                    self._due = (due, id(schedule))
+                    if not self.eras or self.eras[-1][1] != shares:
+                        self.eras.append((pick, shares))
             self.picks = pick + 1
             return len(self.eras) - 1
         era = 0
@@ -126,7 +130,7 @@ class StepClock:
                 self.ERAS: [[first, list(shares)] for first, shares in self.eras]}
 
     def load(self, state: Optional[Dict[str, Any]]) -> None:
-        self._due_step = -1
+        self._due_step, self._due = -1, None
         if state is None:
             self.batches, self.picks, self.eras = 0, 0, []
             return

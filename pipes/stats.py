@@ -3,25 +3,114 @@
 The loader's main process sees batches in exactly the order the training loop
 does, so statistics counted there are "what the loop has seen", with no extra
 channel between processes. Each batch carries its worker's *cumulative* counters
-(a tuple of a few ints under `STATS_KEY`, pickled with the batch's envelope rather
-than sent as a tensor through the ring); the loader keeps the latest vector per worker
-and sums them. Cumulative counters make this robust to the batches the loader
-skips internally while resuming: the next batch a worker delivers brings the
-right totals.
+under `STATS_KEY` (pickled with the batch's envelope rather than sent as a tensor
+through the ring); the loader keeps the latest vector per worker and sums them.
+Every batch reaches the loader's ``see`` in order, the dropped ones included
+(pipes/loader/iteration.py).
+
+The vector has a few counters per source (tokens, documents, ...), so with many sources
+it is long while a batch changes the few entries of the sources it drew from: from a
+worker, a batch's `Counters` cross as the entries changed since the vector the worker
+sent before (the first whole), numbered, so the loader refuses a patch out of turn rather
+than sum wrong counters.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Optional, Sequence
+import os
+import threading
+from collections import OrderedDict
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+from torch.utils.data import get_worker_info
 
 from .base import Node
 from .items import STATS_KEY
 from .roles import PASS
 
 
+class Counters:
+    """A worker's cumulative counters, as a batch carries them (``worker``, ``values``: ints).
+
+    Pickled in a loader worker (only through its result queue, which the training process reads
+    in order, the batches torchdata fast-forwards on a resume included) it crosses as the entries
+    changed since the vector the worker sent before; the training process rebuilds the vector
+    (`_received_counters`) and refuses a patch out of turn."""
+
+    __slots__ = ("worker", "values")
+
+    def __init__(self, worker: int, values: Any):
+        self.worker, self.values = worker, values
+
+    def as_list(self) -> List[int]:
+        return self.values.tolist() if isinstance(self.values, np.ndarray) else list(self.values)
+
+    def __reduce__(self):
+        if get_worker_info() is None:
+            return Counters, (self.worker, self.as_list())
+        return _received_counters, (self.worker, *_sending().send(np.asarray(self.values, np.int64)))
+
+
+class _Sending:
+    """One worker process's counter vectors, each sent as a patch of the one before."""
+
+    def __init__(self) -> None:
+        self.stream = f"{os.getpid()}-{os.urandom(6).hex()}"
+        self.number = -1
+        self.last: Optional[np.ndarray] = None
+        self.lock = threading.Lock()
+
+    def send(self, values: np.ndarray) -> tuple:
+        with self.lock:
+            self.number += 1
+            last, self.last = self.last, values
+            if last is None or last.shape != values.shape:
+                return self.stream, self.number, None, values.tolist()
+            at = np.flatnonzero(values != last)
+            return self.stream, self.number, at.tolist(), values[at].tolist()
+
+
+_sender: Optional[_Sending] = None
+
+
+def _sending() -> _Sending:
+    global _sender
+    if _sender is None or not _sender.stream.startswith(f"{os.getpid()}-"):
+        _sender = _Sending()
+    return _sender
+
+
+#: Streams the training process keeps the last vector of.
+STREAMS_KEPT = 1024
+_received: "OrderedDict[str, Tuple[int, np.ndarray]]" = OrderedDict()
+_received_lock = threading.Lock()
+
+
+def _received_counters(worker: int, stream: str, number: int, at: Optional[List[int]], values: List[int]) -> Counters:
+    with _received_lock:
+        if at is None:
+            vector = np.asarray(values, np.int64)
+        else:
+            last = _received.get(stream)
+            if last is None or last[0] != number - 1:
+                got = "none" if last is None else f"number {last[0]}"
+                raise RuntimeError(f"worker {worker}'s statistics patch number {number} of stream {stream} came after "
+                                   f"{got}: a batch's statistics did not reach the loader in order, so its counters "
+                                   "cannot be rebuilt. Please report it with the loader settings")
+            vector = last[1].copy()
+            vector[at] = values
+        _received[stream] = (number, vector)
+        _received.move_to_end(stream)
+        while len(_received) > STREAMS_KEPT:
+            _received.popitem(last=False)
+    return Counters(worker, vector)
+
+
 class WithStats(Node[Dict[str, Any]]):
-    """Adds ``batch[STATS_KEY] = (worker, *counters())``; ``counters`` returns a list of
-    ints in the order of ``keys`` (the loader sums them per key over workers).
+    """Adds ``batch[STATS_KEY] = Counters(worker, counters())`` (module docstring); ``counters``
+    returns ints (a list or an int array) in the order of ``keys`` (the loader sums them per key
+    over workers).
 
     Args:
         parent: a node of batch dicts (a `Batch`).
@@ -47,10 +136,10 @@ class WithStats(Node[Dict[str, Any]]):
 
     def next(self) -> Dict[str, Any]:
         batch = next(self.parent)
-        values = tuple(map(int, self.counters()))
-        if len(values) != len(self.keys):
-            raise RuntimeError(f"WithStats: counters() gave {len(values)} values for {len(self.keys)} keys")
-        batch[STATS_KEY] = (self.worker, *values)
+        values = np.asarray(self.counters(), dtype=np.int64)
+        if values.shape != (len(self.keys),):
+            raise RuntimeError(f"WithStats: counters() gave {values.size} values for {len(self.keys)} keys")
+        batch[STATS_KEY] = Counters(self.worker, values)
         return batch
 
     def get_state(self) -> Dict[str, Any]:

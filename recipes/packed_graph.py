@@ -11,8 +11,9 @@ a worker calls it with its `ShardContext`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import chain
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
 
 from tokenloom.pipes.batch import Batch
 from tokenloom.pipes.chat import RenderChat
@@ -131,30 +132,44 @@ class PackedGraph:
                       sources=names, clock=clock, end_label=specials["end_label"])
 
         source_readers = [readers[n] for n in names]
+        source_branches = [branches[n] for n in names]
         aheads = [getattr(r, "readahead_stats", None) for r in source_readers]
+        # Per source: tokens, documents, epochs, skipped, read-ahead held and peak bytes (stat_keys' order).
+        per_source = np.zeros((len(names), 6), np.int64)
+        encoded = np.zeros(len(names), np.int64)
+        # A reader's skipped count and a branch's encoded count change only when the mixer pulls that
+        # source; read-ahead moves by itself, but only where a reader has one (remote files).
+        moved = mixer.pulled_since() if mixer is not None else None
+        live_aheads: List[int] = []
+        looked: List[bool] = [False]
 
-        def counters() -> List[int]:
-            # Once a batch, so per source in whole columns, zipped in C, not a Python step per value.
+        def counters() -> np.ndarray:
+            # Once a batch: whole columns and the sources that moved, not a Python step per source.
             pack = packer.stats()
             tokens, docs = batch.count_columns()
+            per_source[:, 0] = tokens
+            per_source[:, 1] = docs
             # passes completed: the mixer's count or, for one source (no mixer), the epoch its sharder
             # is in (all of this round's epochs once its stream ended)
-            epochs = mixer.passes_started() if mixer is not None else \
+            per_source[:, 2] = mixer.passes_started() if mixer is not None else \
                 [max(shards[n].next_epoch() - shards[n].first_epoch, 0) for n in names]
-            skipped = [getattr(r, "skipped", 0) for r in source_readers]  # text readers never skip
-            held = [0] * len(names)
-            peak = [0] * len(names)
-            for i, ahead in enumerate(aheads):
-                got = ahead() if ahead is not None else None
-                if got:
-                    held[i], peak[i] = got["held_bytes"], got["peak_bytes"]
-            out = [pack[k] for k in PACK_STAT_KEYS]
-            out += chain.from_iterable(zip(tokens, docs, epochs, skipped, held, peak))
+            for i in (range(len(names)) if moved is None else moved):
+                per_source[i, 3] = getattr(source_readers[i], "skipped", 0)  # text readers never skip
+                if not renderers:
+                    encoded[i] = source_branches[i].encoded
+            if moved is not None:
+                moved.clear()
+            if not looked[0]:  # every reader was reset with the graph: whether it reads ahead is known
+                live_aheads[:] = [i for i, f in enumerate(aheads) if f is not None and f() is not None]
+                looked[0] = True
+            for i in live_aheads:
+                got = aheads[i]()
+                per_source[i, 4:6] = (got["held_bytes"], got["peak_bytes"]) if got else (0, 0)
             if renderers:
                 per = [r.counts() for r in renderers]
-                out += [sum(c[k] for c in per) for k in RenderChat.COUNT_KEYS]
+                tail = [sum(c[k] for c in per) for k in RenderChat.COUNT_KEYS]
             else:
-                out += [branches[n].encoded for n in names]
-            return out
+                tail = encoded
+            return np.concatenate([[pack[k] for k in PACK_STAT_KEYS], per_source.ravel(), tail])
 
         return WithStats(batch, counters=counters, keys=stat_keys(names, bool(renderers)), worker=ctx.worker)

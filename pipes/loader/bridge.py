@@ -217,8 +217,8 @@ class TokenLoomLoader(AcceleratePrepared, IteratorHook, StatefulDataLoader):
 
     def see(self, batch: Any, count: bool = True) -> Any:
         if isinstance(batch, dict) and STATS_KEY in batch:
-            worker, *counters = batch.pop(STATS_KEY)
-            self._tally.see(worker, counters)
+            counters = batch.pop(STATS_KEY)
+            self._tally.see(counters.worker, counters.as_list())
         if count:
             batch = self.place_on_device(batch)
         if count:

@@ -1,7 +1,8 @@
 """The statistics counters a loader has handed to the training loop, across workers and rounds.
 
 A graph with a `WithStats` root sends, with every batch, its worker's cumulative counter vector
-(one int per key of ``keys``). `Tally` keeps the latest vector per worker and the totals of the
+(one int per key of ``keys``; from a worker, only its changed entries cross, pipes/stats.py).
+`Tally` keeps the latest vector per worker and the totals of the
 rounds that finished (worker graphs restart their counters each round). Combined over workers a
 counter is summed, except those in ``min_keys`` (passes each worker makes over its own shard),
 whose figure is the least. The loader saves ``per_worker`` and ``earlier`` in its state's meta
