@@ -8,6 +8,14 @@ A node is a `torchdata.nodes.BaseNode`. A subclass fills three methods:
 - ``get_state()``: return a small dict of plain values whose keys are exactly
   the class constant ``STATE_KEYS``.
 
+A node's state is a function of the calls it received: it changes only in ``reset`` and
+``next``, never by itself (a background thread may fetch ahead, but the position it saves
+moves only when an item is handed out). And a state, once returned, is never changed in
+place, by the node or by whoever holds it. So a node with many parents may keep each
+parent's last state and take again only those it pulled since (a mixer of hundreds of
+sources does, pipes/mix.py), and states taken one after the other may share their unchanged
+parts (a worker sends only what changed, pipes/state_delta.py).
+
 `Node` wraps the subclass's ``reset`` and ``get_state`` (in ``__init_subclass__``)
 so that every node checks the same things the same way: a state passed to
 ``reset`` must carry exactly ``STATE_KEYS`` (a state from another node, another

@@ -46,6 +46,14 @@ class Counters:
     def as_list(self) -> List[int]:
         return self.values.tolist() if isinstance(self.values, np.ndarray) else list(self.values)
 
+    def __eq__(self, other: Any) -> bool:
+        return isinstance(other, Counters) and self.worker == other.worker and self.as_list() == other.as_list()
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Counters(worker={self.worker}, values={self.as_list()})"
+
     def __reduce__(self):
         if get_worker_info() is None:
             return Counters, (self.worker, self.as_list())

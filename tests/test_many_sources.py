@@ -1,4 +1,4 @@
-"""Many named sources (issue 46): 1024 sources run and resume exactly; 256 resume elastically, each
+"""Many named sources (issue 46): 1024 sources run and resume exactly; 128 resume elastically, each
 document once.
 
 The sources are tiny files of 1-3 documents each, one file a source (sources reading the same file
@@ -9,11 +9,12 @@ sources (speed, memory, state); these tests pin what must hold whatever it costs
   stream; saved mid-stream (a few batches in, when some sources have been read and most have not),
   restored into a freshly built loader (the state through ``torch.save``), the next batches equal to
   the uninterrupted run's (tests/resume.py `check_loader_resume`), with 0 and 2 workers.
-- `test_256_sources_elastic_resume_delivers_each_document_once`: 256 sources of the token-level
+- `test_many_sources_elastic_resume_delivers_each_document_once`: 128 sources of the token-level
   oracle's corpus (tests/oracle.py: every word its own token id, so a token names its document and
   offset), one epoch, saved mid-epoch on 2 workers (or 2 ranks) and resumed on 3 workers (or 3
   ranks): the oracle checks that every document of every source was delivered exactly once, whole,
-  across the save (nothing lost, nothing repeated).
+  across the save (nothing lost, nothing repeated). The ranks case runs with ``make fuzz`` (soak); the
+  fuzzer's many-source seeds below change ranks in CI.
 - `test_many_source_scenarios`: a few seeds of the fuzzer's many-source scenarios (tests/oracle_fuzz.py
   `many_sources`; ``make fuzz`` and ``python -m tests.oracle_fuzz --many`` run many more).
 """
@@ -21,7 +22,6 @@ sources (speed, memory, state); these tests pin what must hold whatever it costs
 from __future__ import annotations
 
 import os
-import time
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -59,22 +59,24 @@ def test_1024_sources_resume_exactly(tmp_path, tok_path, num_workers):
         return pretrain(sources, tokenizer=tok_path, weights=weights, seq_len=63, batch_size=2, buffer_size=32,
                         num_workers=num_workers, seed=3)
 
-    t0 = time.perf_counter()
     reference = check_loader_resume(build, steps=[4], total=8)
     assert len(reference) == 8
-    # a sanity bound, not a benchmark: 1024 sources must not make three builds and 8 batches crawl
-    assert time.perf_counter() - t0 < 120, f"1024 sources took {time.perf_counter() - t0:.0f} s"
+
+
+#: Enough sources that a per-source cost or a lost branch shows, few enough for `make test`'s budget.
+SOURCES_ELASTIC = 128
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("old,new", [((1, 2), (1, 3)), ((2, 1), (3, 1))], ids=["2-to-3-workers", "2-to-3-ranks"])
-def test_256_sources_elastic_resume_delivers_each_document_once(tmp_path, old, new):
+@pytest.mark.parametrize("old,new", [((1, 2), (1, 3)), pytest.param((2, 1), (3, 1), marks=pytest.mark.soak)],
+                         ids=["2-to-3-workers", "2-to-3-ranks"])
+def test_many_sources_elastic_resume_delivers_each_document_once(tmp_path, old, new):
     from .oracle_fuzz import FuzzHop, Scenario, run_scenario
 
-    # 256 parquet sources of 3 documents each (every shard needs a row of every source), bestfit, one
+    # SOURCES_ELASTIC parquet sources of 3 documents each (every shard needs a row of every source), bestfit, one
     # epoch, nothing cycled: the oracle's round must hold every document exactly once. Saved after
     # 6 steps (mid-epoch: the run holds ~40 batches), resumed on the new topology to the epoch's end.
-    sources = {f"m{i:03d}": ("parquet", 3) for i in range(256)}
+    sources = {f"m{i:03d}": ("parquet", 3) for i in range(SOURCES_ELASTIC)}
     loader = {"predict_bos": True, "mix": "interleave", "weights_unit": "tokens",
               "weights": {name: 1.0 for name in sources}, "stop": "all_exhausted", "cycle_exhausted": False}
     sc = Scenario(46, sources, 32, 4, "bestfit", 16, 1, loader,

@@ -516,8 +516,12 @@ def test_sources_on_a_slow_store_are_listed_at_once(slow_store, tok_path):
     listings = sorted(t for t, _, method, path, _ in log if method == "GET" and "list-type" in path)
     assert len(listings) == 2, log
     assert listings[1] - listings[0] < LATENCY / 2, [round(t - t0, 3) for t in listings]
-    # listing, then each file's open and footer (both sources at once): 3 round trips
-    assert built < 5 * LATENCY, built
+    # listing, then each file's open and footer (both sources at once): 3 round trips. Counted as the waves
+    # of requests in the proxy's log (a request sent a round trip after the one before starts a wave), not
+    # as the build's wall time, which a loaded machine stretches.
+    sent = sorted(t for t, *_ in log)
+    waves = 1 + sum(1 for a, b in zip(sent, sent[1:]) if b - a > 0.9 * LATENCY)
+    assert waves <= 3, ([round(t - t0, 3) for t in sent], built)
 
 
 def _first_units(units, shards, num_shards, seed, epochs):
