@@ -7,9 +7,9 @@ bytes per row group), so it crosses into loader workers cheaply. Reading loads o
 group's text column at a time, or, for a row group larger than the reader's window
 (``windows``, sized by the recipes from ``read_budget`` shared by the sources), one window
 of its rows (row_windows.py, parquet_windows.py); texts become Python strings a chunk at a
-time (`ReadParquet.CHUNK_ROWS`, `ReadParquet.CHUNK_BYTES`). So what one worker holds is
-about ``read_budget`` of decoded rows plus a chunk of texts per source, whatever the corpus
-and its row groups; with ``read_budget=None`` it is a row group per source.
+time (``chunk_bytes``: the recipes give a quarter of a source's share of ``read_budget``). So
+what one worker holds is about ``read_budget`` of decoded rows and a quarter of it in texts,
+whatever the corpus and its row groups; with ``read_budget=None`` it is a row group per source.
 
 Inside a unit, rows are visited in a seeded permutation per (epoch, unit); a
 shard reads positions ``[lo, hi)`` of that permutation, so shards that split a
@@ -315,8 +315,10 @@ class ReadParquet(CursorReader, SkipCount, Node[Doc]):
 
     Memory: what a reader holds is its position, the rows it is reading (a whole row group, or
     one window of a row group larger than ``windows[unit]`` rows, row_windows.py and
-    parquet_windows.py) and the Python texts of at most `CHUNK_ROWS` rows (fewer when they pass
-    `CHUNK_BYTES`): texts are converted as the cursor reaches them, never a whole slice at once.
+    parquet_windows.py) and the Python texts of a chunk of rows (at most ``chunk_bytes``, and a
+    row per kibibyte of it, at least `CHUNK_ROWS`): texts are converted as the cursor reaches
+    them, never a whole slice at once, and a chunk is one ``take`` call, so a large chunk costs
+    little per row (one source at the recipes' budget converts a row group at once).
     At a slice's end the texts and the rows are let go, unless the next slice reads the same
     unit (an elastic resume's prefix lists documents one by one, sorted by unit).
 
@@ -340,6 +342,9 @@ class ReadParquet(CursorReader, SkipCount, Node[Doc]):
         windows: rows per read window of each unit (`row_windows.window_rows`; the recipes size
             them from ``read_budget``); a unit with more rows is read, and its rows shuffled, in
             windows. None: whole row groups.
+        chunk_bytes: Arrow bytes of the texts converted to Python at once (and held), at most
+            (at least one row); None: `CHUNK_BYTES`. The recipes give a quarter of the source's
+            share of ``read_budget``.
 
     State keys: ``PARENT`` (the sharder's state at the start of the current slice), ``ROW`` (rows
     of that slice handed out, null ones included; a restore reads the row group again and skips
@@ -353,15 +358,19 @@ class ReadParquet(CursorReader, SkipCount, Node[Doc]):
 
     #: Open parquet files kept per worker; reopening costs a footer read.
     OPEN_FILES = 8
-    #: Rows whose texts are converted to Python at once (and held), at most.
+    #: Rows whose texts are converted to Python at once (and held), at most, for a chunk of `CHUNK_BYTES`.
     CHUNK_ROWS = 32
-    #: Arrow bytes of the rows converted at once, at most (at least one row is).
+    #: Arrow bytes of the rows converted at once, at most (at least one row is), by default.
     CHUNK_BYTES = 32 << 10
 
     def __init__(self, parent: ShardUnits, units: UnitTable, *, column: str = "text", source: str = "",
                  seed: int = 0, shuffle_rows: bool = True, readahead: Optional[int] = None,
-                 windows: Optional[np.ndarray] = None):
+                 windows: Optional[np.ndarray] = None, chunk_bytes: Optional[int] = None):
         super().__init__(parent)
+        if chunk_bytes is not None and chunk_bytes < 1:
+            raise ValueError(f"{chunk_bytes=} must be >= 1 (None: {self.CHUNK_BYTES})")
+        self.chunk_bytes = self.CHUNK_BYTES if chunk_bytes is None else int(chunk_bytes)
+        self.chunk_rows = max(self.CHUNK_ROWS, self.chunk_bytes >> 10)
         self.parent, self.units, self.column = parent, units, column
         self.source, self.seed, self.shuffle_rows = source, seed, shuffle_rows
         self.readahead = readahead
@@ -484,9 +493,9 @@ class ReadParquet(CursorReader, SkipCount, Node[Doc]):
 
     def _take(self, s: WorkSlice, i: int) -> None:
         """Convert the texts of the slice's rows from index ``i`` (in the cursor's order) on: at most
-        `CHUNK_ROWS` rows and `CHUNK_BYTES` bytes, within one window."""
+        ``chunk_rows`` rows and ``chunk_bytes`` bytes, within one window."""
         rows = self._cursor.rows
-        end = min(len(rows), i + self.CHUNK_ROWS)
+        end = min(len(rows), i + self.chunk_rows)
         if self._windows is not None:
             w = self._windows.window
             k = (s.lo + i) // w
@@ -503,8 +512,8 @@ class ReadParquet(CursorReader, SkipCount, Node[Doc]):
         # From the buffer: pa.array() on any input imports pandas, 0.15-0.2 s of each worker's first batch.
         idx = np.ascontiguousarray(rows[i:end], dtype=np.int64) - self._first
         column = self._column.take(pa.Array.from_buffers(pa.int64(), len(idx), [None, pa.py_buffer(idx)]))
-        if len(idx) > 1 and column.nbytes > self.CHUNK_BYTES:
-            keep = _rows_within(column, self.CHUNK_BYTES)
+        if len(idx) > 1 and column.nbytes > self.chunk_bytes:
+            keep = _rows_within(column, self.chunk_bytes)
             column, idx = column.slice(0, keep), idx[:keep]
         try:
             self._texts = column.to_pylist()

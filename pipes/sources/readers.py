@@ -87,6 +87,8 @@ class SourcePlan:
     #: Rows per read window of each unit (row_windows.py; `with_window_bytes` sets them for parquet
     #: sources); None: whole units.
     windows: Optional[np.ndarray] = field(default=None, compare=False, repr=False)
+    #: Bytes of texts a parquet reader converts at once (`ReadParquet` ``chunk_bytes``; None: its default).
+    chunk_bytes: Optional[int] = field(default=None, compare=False, repr=False)
 
     def with_window_bytes(self, window_bytes: Optional[int]) -> "SourcePlan":
         """This plan with its parquet units read in windows of about ``window_bytes`` decoded bytes
@@ -95,14 +97,16 @@ class SourcePlan:
         without the columns' sizes (an index written before it recorded them) reads whole row
         groups, and a warning says to write the index again."""
         if window_bytes is None or self.fmt != "parquet":
-            return replace(self, windows=None)
+            return replace(self, windows=None, chunk_bytes=None)
+        # a quarter of the source's share of the budget: the texts held beside its window
+        chunk = max(ReadParquet.CHUNK_BYTES, window_bytes // 4)
         col_bytes = getattr(self.units, "col_bytes", None)
         if col_bytes is None:
             warnings.warn(f"source {self.name!r}: its listing does not give the row groups' sizes (an index written "
                           "by an older tokenloom), so its row groups are read whole, whatever read_budget says; "
                           "re-run `tokenloom index` on it to bound its memory", stacklevel=2)
-            return replace(self, windows=None)
-        return replace(self, windows=window_rows(self.units.rows, col_bytes, window_bytes))
+            return replace(self, windows=None, chunk_bytes=chunk)
+        return replace(self, windows=window_rows(self.units.rows, col_bytes, window_bytes), chunk_bytes=chunk)
 
     @property
     def windowed(self) -> bool:
@@ -130,7 +134,8 @@ class SourcePlan:
         if self.fmt == HF:
             return ReadArrow(shard, self.units, column=self.column, **kw)
         if self.fmt == "parquet":
-            return ReadParquet(shard, self.units, column=self.column, windows=self.windows, **kw)
+            return ReadParquet(shard, self.units, column=self.column, windows=self.windows,
+                               chunk_bytes=self.chunk_bytes, **kw)
         if self.fmt == "jsonl":
             return ReadJsonl(shard, self.units, field=self.column, require_type=self.require_type, **kw)
         return ReadText(shard, self.units, **kw)
