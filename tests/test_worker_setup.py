@@ -22,6 +22,10 @@ class RecordWorker:
             f.write(str(os.getpid()))
         with open(os.path.join(self.folder, f"env-{worker_id}"), "w") as f:
             f.write(os.environ.get("TOKENIZERS_PARALLELISM", "<unset>"))
+        import gc
+
+        with open(os.path.join(self.folder, f"gc-{worker_id}"), "w") as f:
+            f.write(f"{list(gc.get_threshold())} {gc.get_freeze_count() > 0}")
 
 
 def test_the_users_worker_init_fn_still_runs(corpus, tok_path, tmp_path):
@@ -40,6 +44,21 @@ def test_workers_tokenize_on_one_thread_and_the_user_can_say_otherwise(corpus, t
     # set before the user's worker_init_fn runs (so it can set it back), and only in the workers
     assert [open(tmp_path / f"env-{w}").read() for w in (0, 1)] == ["false", "false"]
     assert "TOKENIZERS_PARALLELISM" not in os.environ
+
+
+def test_workers_collect_garbage_less_often_and_the_training_process_as_it_was(corpus, tok_path, tmp_path):
+    """pipes/loader/worker_gc.py: in each worker what it inherited is frozen and the thresholds are raised;
+    the training process keeps its own."""
+    import gc
+
+    from tokenloom.pipes.loader.worker_gc import THRESHOLDS
+
+    before = gc.get_threshold()
+    loader = pretrain(corpus[0], tokenizer=tok_path, seq_len=63, batch_size=2, buffer_size=16, num_workers=2,
+                      worker_init_fn=RecordWorker(str(tmp_path)))
+    next(iter(loader))
+    assert [open(tmp_path / f"gc-{w}").read() for w in (0, 1)] == [f"{list(THRESHOLDS)} True"] * 2
+    assert gc.get_threshold() == before != THRESHOLDS
 
 
 @pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc only")

@@ -13,6 +13,7 @@ from ..tokenizer_threads import single_thread_tokenizers
 from ..compat.torchdata import stop_workers
 from .stall import TORCH_TIMEOUT, StallWatch
 from .wire import DROP_KEY, STALE_KEY, STALE_MESSAGE
+from .worker_gc import settle_worker_gc
 from .worker_memory import settle_worker_malloc
 
 if TYPE_CHECKING:
@@ -115,7 +116,8 @@ def identity(x):
 class WorkerInit:
     """Runs in each worker process before the user's ``worker_init_fn``: exit with the training
     process (worker_parent.py), its stack dumped on request (``stall``, stall.py), flat memory
-    (worker_memory.py) and one tokenizing thread per worker (pipes/tokenizer_threads.py)."""
+    (worker_memory.py), a collector that leaves the graph's many small states alone (worker_gc.py)
+    and one tokenizing thread per worker (pipes/tokenizer_threads.py)."""
 
     def __init__(self, user: Optional[Callable[[int], None]], stall: Optional[StallWatch] = None):
         self.user, self.stall = user, stall
@@ -127,6 +129,7 @@ class WorkerInit:
         if self.stall is not None:
             self.stall.arm(worker_id)
         settle_worker_malloc()
+        settle_worker_gc()
         single_thread_tokenizers()
         if self.user is not None:
             self.user(worker_id)
