@@ -16,9 +16,11 @@ and the texts are the same either way; only memory and CPU differ):
   is tens of times faster than encoding);
 - many windows: the stream stays open between reads, so consecutive windows cost one decode
   each; it holds pyarrow's decoder state until the row group is done: the column chunk's
-  compressed bytes (pyarrow reads a chunk whole unless given ``buffer_size``, not tried here
-  over tokenloom's file handles), its dictionary page and about one data page. Per source, so
-  with many sources and huge row groups this is what grows; `REOPEN_WINDOWS` trades it for CPU.
+  compressed bytes (pyarrow reads a chunk whole unless given ``buffer_size``), its dictionary
+  page and about one data page. Per source, so with many sources and huge row groups this is
+  what grows; `REOPEN_WINDOWS` trades it for CPU. (Every stream kept open, even with a read
+  ``buffer_size``, held about a decoded row group per source: figures in docs/performance.md,
+  "Many sources".)
 
 A read that goes back (a restore, a new slice of the same unit that starts earlier) opens a new
 stream and skips forward.
