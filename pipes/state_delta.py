@@ -21,17 +21,16 @@ the result are the previous state's own objects (states are never modified in pl
 the worker nor in the training process). A subtree that is the very object sent before (a
 mixer's cached branch states, a save point's cached entries) costs one identity check.
 
-`Sender` (in a worker) and `receive` (in the training process) number a stream's patches, so a
+`Sending` (in a worker) and `Receiving` (in the training process) number a stream's patches, so a
 patch that arrives out of turn is refused with an error instead of giving a wrong state.
 """
 
 from __future__ import annotations
 
-import itertools
 import os
 import threading
 from collections import OrderedDict
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Tuple
 
 SAME, PUT, KEYS, ITEMS, AT = 0, 1, 2, 3, 4
 #: Lists shorter than this are replaced whole when they change: a patch of its items saves nothing.
@@ -96,63 +95,92 @@ def patch(old: Any, change: tuple) -> Any:
                      "tokenloom versions")
 
 
-class Sender:
-    """One worker process's stream of states: each as a patch of the one sent before it."""
+class Sending:
+    """One process's numbered stream of values, each sent as ``make(last, value, first)``: the value
+    sent before, the new one, and whether it is the stream's first (sent whole). Pickling may run on a
+    queue's feeder thread: one stream, one order, under a lock."""
 
-    def __init__(self) -> None:
+    def __init__(self, make: Callable[[Any, Any, bool], Any]) -> None:
         self.stream = f"{os.getpid()}-{os.urandom(6).hex()}"
-        self._count = itertools.count()
+        self.make = make
+        self._number = -1
         self._last: Any = None
-        self._lock = threading.Lock()  # a queue's feeder thread pickles; one stream, one order
+        self._lock = threading.Lock()
 
-    def send(self, state: Any) -> Tuple[str, int, tuple]:
-        """``(stream, number, patch)`` for ``state``: the first of a stream is whole."""
+    def send(self, value: Any) -> Tuple[str, int, Any]:
+        """``(stream, number, what make gave)``."""
         with self._lock:
-            n = next(self._count)
-            change = (PUT, state) if n == 0 else diff(self._last, state)
-            self._last = state
-            return self.stream, n, change
+            self._number += 1
+            last, self._last = self._last, value
+            return self.stream, self._number, self.make(last, value, self._number == 0)
 
 
-_sender: Optional[Sender] = None
-_sender_pid = -1
+_sendings: Dict[str, Sending] = {}
 
 
-def sender() -> Sender:
-    """This process's `Sender` (made in the process that sends: a forked worker makes its own)."""
-    global _sender, _sender_pid
-    if _sender is None or _sender_pid != os.getpid():
-        _sender, _sender_pid = Sender(), os.getpid()
-    return _sender
+def sending(kind: str, make: Callable[[Any, Any, bool], Any]) -> Sending:
+    """This process's `Sending` of ``kind`` (made in the process that sends: a forked worker makes its own)."""
+    found = _sendings.get(kind)
+    if found is None or not found.stream.startswith(f"{os.getpid()}-"):
+        found = _sendings[kind] = Sending(make)
+    return found
 
 
-_received: "OrderedDict[str, Tuple[int, Any]]" = OrderedDict()
-_received_lock = threading.Lock()
+class Receiving:
+    """The training process's last value of each stream of one kind, rebuilt patch by patch in order;
+    at most `STREAMS_KEPT` streams (a new set of workers starts new ones). ``gap(number, stream, got)``
+    is the message of the error a patch out of turn raises."""
+
+    def __init__(self, gap: Callable[[int, str, str], str]) -> None:
+        self.gap = gap
+        self._last: "OrderedDict[str, Tuple[int, Any]]" = OrderedDict()
+        self._lock = threading.Lock()
+
+    def receive(self, stream: str, number: int, rebuild: Callable[[Any], Any]) -> Any:
+        """The value of patch ``number`` of ``stream``: ``rebuild(the stream's value before)`` (None for
+        the first, which is whole)."""
+        with self._lock:
+            if number == 0:
+                value = rebuild(None)
+            else:
+                last = self._last.get(stream)
+                if last is None or last[0] != number - 1:
+                    raise RuntimeError(self.gap(number, stream, "none" if last is None else f"number {last[0]}"))
+                value = rebuild(last[1])
+            self._last[stream] = (number, value)
+            self._last.move_to_end(stream)
+            while len(self._last) > STREAMS_KEPT:
+                self._last.popitem(last=False)
+            return value
+
+    def forget(self) -> Dict[str, int]:
+        """Drop the kept values; returns the last number of each stream."""
+        with self._lock:
+            out = {s: n for s, (n, _) in self._last.items()}
+            self._last.clear()
+            return out
+
+
+def _state_patch(last: Any, state: Any, first: bool) -> tuple:
+    return (PUT, state) if first else diff(last, state)
+
+
+def sender() -> Sending:
+    """This process's stream of graph states."""
+    return sending("state", _state_patch)
+
+
+_states = Receiving(lambda number, stream, got: (
+    f"a loader worker's state patch number {number} of stream {stream} arrived after {got}: a state message was "
+    "lost or reordered between the worker and the training process, so this state cannot be rebuilt. Please "
+    "report it with the loader settings"))
 
 
 def receive(stream: str, number: int, change: tuple) -> Any:
     """The state a worker sent as patch ``number`` of ``stream`` (in the training process)."""
-    with _received_lock:
-        if number == 0:
-            state = patch(None, change)
-        else:
-            last = _received.get(stream)
-            if last is None or last[0] != number - 1:
-                got = "none" if last is None else f"number {last[0]}"
-                raise RuntimeError(f"a loader worker's state patch number {number} of stream {stream} arrived after "
-                                   f"{got}: a state message was lost or reordered between the worker and the training "
-                                   "process, so this state cannot be rebuilt. Please report it with the loader settings")
-            state = patch(last[1], change)
-        _received[stream] = (number, state)
-        _received.move_to_end(stream)
-        while len(_received) > STREAMS_KEPT:
-            _received.popitem(last=False)
-        return state
+    return _states.receive(stream, number, lambda last: patch(last, change))
 
 
 def forget_streams() -> Dict[str, int]:
     """Drop the kept states (tests); returns how many there were, by stream."""
-    with _received_lock:
-        out = {s: n for s, (n, _) in _received.items()}
-        _received.clear()
-        return out
+    return _states.forget()

@@ -18,14 +18,13 @@ than sum wrong counters.
 from __future__ import annotations
 
 import os
-import threading
-from collections import OrderedDict
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 from torch.utils.data import get_worker_info
 
 from .base import Node
+from .state_delta import Receiving, Sending, sending
 from .items import STATS_KEY
 from .roles import PASS
 
@@ -60,59 +59,37 @@ class Counters:
         return _received_counters, (self.worker, *_sending().send(np.asarray(self.values, np.int64)))
 
 
-class _Sending:
-    """One worker process's counter vectors, each sent as a patch of the one before."""
-
-    def __init__(self) -> None:
-        self.stream = f"{os.getpid()}-{os.urandom(6).hex()}"
-        self.number = -1
-        self.last: Optional[np.ndarray] = None
-        self.lock = threading.Lock()
-
-    def send(self, values: np.ndarray) -> tuple:
-        with self.lock:
-            self.number += 1
-            last, self.last = self.last, values
-            if last is None or last.shape != values.shape:
-                return self.stream, self.number, None, values.tolist()
-            at = np.flatnonzero(values != last)
-            return self.stream, self.number, at.tolist(), values[at].tolist()
+def _vector_patch(last: Any, values: np.ndarray, first: bool) -> tuple:
+    """``(at, values)`` of the entries changed since ``last`` (``at`` None: the whole vector)."""
+    if first or last.shape != values.shape:
+        return None, values.tolist()
+    at = np.flatnonzero(values != last)
+    return at.tolist(), values[at].tolist()
 
 
-_sender: Optional[_Sending] = None
+def _sending() -> Sending:
+    return sending("counters", _vector_patch)
 
 
-def _sending() -> _Sending:
-    global _sender
-    if _sender is None or not _sender.stream.startswith(f"{os.getpid()}-"):
-        _sender = _Sending()
-    return _sender
+_received = Receiving(lambda number, stream, got: (
+    f"statistics patch number {number} of stream {stream} came after {got}: a batch's statistics did not reach "
+    "the loader in order, so its counters cannot be rebuilt. Please report it with the loader settings"))
 
 
-#: Streams the training process keeps the last vector of.
-STREAMS_KEPT = 1024
-_received: "OrderedDict[str, Tuple[int, np.ndarray]]" = OrderedDict()
-_received_lock = threading.Lock()
+def _received_counters(worker: int, stream: str, number: int, change: tuple) -> Counters:
+    at, values = change
 
-
-def _received_counters(worker: int, stream: str, number: int, at: Optional[List[int]], values: List[int]) -> Counters:
-    with _received_lock:
+    def rebuild(last: Any) -> np.ndarray:
         if at is None:
-            vector = np.asarray(values, np.int64)
-        else:
-            last = _received.get(stream)
-            if last is None or last[0] != number - 1:
-                got = "none" if last is None else f"number {last[0]}"
-                raise RuntimeError(f"worker {worker}'s statistics patch number {number} of stream {stream} came after "
-                                   f"{got}: a batch's statistics did not reach the loader in order, so its counters "
-                                   "cannot be rebuilt. Please report it with the loader settings")
-            vector = last[1].copy()
-            vector[at] = values
-        _received[stream] = (number, vector)
-        _received.move_to_end(stream)
-        while len(_received) > STREAMS_KEPT:
-            _received.popitem(last=False)
-    return Counters(worker, vector)
+            return np.asarray(values, np.int64)
+        vector = last.copy()
+        vector[at] = values
+        return vector
+
+    try:
+        return Counters(worker, _received.receive(stream, number, rebuild))
+    except RuntimeError as e:
+        raise RuntimeError(f"worker {worker}'s {e}") from None
 
 
 class WithStats(Node[Dict[str, Any]]):

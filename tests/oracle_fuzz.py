@@ -112,6 +112,16 @@ class Scenario:
                 f"buffer {self.buffer_size} epochs={self.epochs} {self.loader}{ahead}; hops {hops}")
 
 
+def _draw_stop(rng, mix: str, loader: dict) -> None:
+    """A stop rule for a scenario with epochs (the same draws wherever it is drawn, so seeds keep their scenarios)."""
+    if mix == "sequential":
+        loader["stop"], loader["cycle_exhausted"] = rng.choice([("all_exhausted", False),
+                                                                ("first_exhausted", True)])
+    else:
+        loader["stop"] = rng.choice(["all_exhausted", "all_exhausted", "first_exhausted"])
+        loader["cycle_exhausted"] = loader["stop"] == "first_exhausted" or rng.random() < 0.3
+
+
 def draw(seed: int) -> Scenario:
     rng = random.Random(seed)
     n_src = rng.choice([1, 1, 2, 2, 3])
@@ -141,12 +151,7 @@ def draw(seed: int) -> Scenario:
             else:
                 loader["weights"] = w
         if epochs is not None:
-            if mix == "sequential":
-                loader["stop"], loader["cycle_exhausted"] = rng.choice([("all_exhausted", False),
-                                                                        ("first_exhausted", True)])
-            else:
-                loader["stop"] = rng.choice(["all_exhausted", "all_exhausted", "first_exhausted"])
-                loader["cycle_exhausted"] = loader["stop"] == "first_exhausted" or rng.random() < 0.3
+            _draw_stop(rng, mix, loader)
         elif mix == "sequential":
             loader["mix"] = "interleave"
     elif epochs is not None:
@@ -294,12 +299,7 @@ def many_sources(rng: random.Random, sc: Scenario) -> None:
         loader["weights"] = ([(0, w), (rng.randint(1, 8), {k: rng.choice([1, 2, 3]) for k in names})]
                              if rng.random() < 0.2 else w)
     if sc.epochs is not None:
-        if mix == "sequential":
-            loader["stop"], loader["cycle_exhausted"] = rng.choice([("all_exhausted", False),
-                                                                    ("first_exhausted", True)])
-        else:
-            loader["stop"] = rng.choice(["all_exhausted", "all_exhausted", "first_exhausted"])
-            loader["cycle_exhausted"] = loader["stop"] == "first_exhausted" or rng.random() < 0.3
+        _draw_stop(rng, mix, loader)
     sc.loader = loader
     for hop in sc.hops:
         hop.weights = ({k: rng.choice([1, 2, 3]) for k in names}

@@ -161,26 +161,26 @@ def test_workers_send_their_states_as_patches_and_a_resume_is_exact(many, tok_pa
 
 
 def test_a_batchs_counters_cross_as_their_changed_entries_and_out_of_turn_is_refused():
-    """pipes/stats.py: what a worker's `Counters` pickle to (its `_Sending` stream) rebuilds every vector in
+    """pipes/stats.py: what a worker's `Counters` pickle to (their `Sending` stream) rebuilds every vector in
     the training process; a patch names only the entries that changed; one out of turn is refused."""
     import numpy as np
 
     from tokenloom.pipes import stats
 
     rng = np.random.default_rng(46)
-    sending = stats._Sending()
+    sending = state_delta.Sending(stats._vector_patch)
     vector = np.zeros(6 * 1024 + 10, np.int64)
     for k in range(30):
         vector = vector.copy()
         changed = rng.choice(len(vector), size=int(rng.integers(0, 40)), replace=False)
         vector[changed] += rng.integers(1, 1000, len(changed))
         worker, sent = 1, sending.send(vector.copy())
-        stream, number, at, values = sent
+        stream, number, (at, values) = sent
         assert number == k and (at is None) == (k == 0)
         if at is not None:
             assert sorted(at) == sorted(changed.tolist())
         got = pickle.loads(pickle.dumps(stats._received_counters(worker, *sent)))
         assert got.as_list() == vector.tolist() and got.worker == 1
-    stream, number, at, values = sending.send(vector.copy())
+    stream, number, change = sending.send(vector.copy())
     with pytest.raises(RuntimeError, match=f"patch number {number + 1} of stream {stream} came after number {number - 1}"):
-        stats._received_counters(1, stream, number + 1, at, values)
+        stats._received_counters(1, stream, number + 1, change)
