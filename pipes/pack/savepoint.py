@@ -144,11 +144,6 @@ class SavePoint:
         # rest its pieces node holds; retaken for the sources in _moved (None: every source, each take).
         self._entries: Dict[str, List[int]] = {}
         self._rows: Dict[int, np.ndarray] = {}
-        self._rows_all: Optional[np.ndarray] = None  # the concatenation of _rows' values (None: to redo)
-        # A pieces node holds at most one document: its row, per source, in one array (a row of a
-        # source without one is stale); a node returning several rows is kept in _held instead.
-        self._held_one = np.zeros((0, len(DOC_FIELDS)), np.int64)
-        self._has_held = np.zeros(0, bool)
         self._held: Dict[int, np.ndarray] = {}
         self._moved: Optional[set] = None
         self._under: List[List[int]] = []  # per mixer child: the sources read under it
@@ -177,8 +172,6 @@ class SavePoint:
             self.branches.append(branch)
             self.pieces.append(pieces_of.get(id(branch or reader)))
         self._entries = dict.fromkeys(self.names)  # the order the summary lists them in
-        self._held_one = np.zeros((len(self.names), len(DOC_FIELDS)), np.int64)
-        self._has_held = np.zeros(len(self.names), bool)
         self._found = True
         if self._mix is not None:
             # Only where each source is read under exactly one of the mixer's children (the recipes,
@@ -205,8 +198,7 @@ class SavePoint:
     # --- restore ------------------------------------------------------------------------
     def _forget(self) -> None:
         self._entries = dict.fromkeys(self.names)
-        self._rows, self._held, self._rows_all = {}, {}, None
-        self._has_held[:] = False
+        self._rows, self._held = {}, {}
         if self._moved is not None:
             self._moved.update(range(len(self._under)))
 
@@ -242,26 +234,13 @@ class SavePoint:
         for i in moved:
             self._retake(i)
         parts = [picked] if len(picked) else []
-        # the rest of a document in pieces, unless the packer holds its earlier pieces (its row covers it)
-        if self._has_held.any():
-            keep = self._has_held
-            if len(picked):
-                src = picked[:, 0]
-                src = np.where(src >= 0, src, 0)
-                covers = (src == picked[:, 0]) & keep[src] & (self._held_one[src][:, _KEY] == picked[:, _KEY]).all(1)
-                if covers.any():
-                    keep = keep.copy()
-                    keep[src[covers]] = False
-            parts.append(self._held_one[keep])
         if self._held:
+            # the rest of a document in pieces, unless the packer holds its earlier pieces (its row covers it)
             helds = list(self._held.values())
             firsts = np.stack([h[0] for h in helds])
             inside = _rows_in(firsts[:, _KEY], picked[:, _KEY]) if len(picked) else np.zeros(len(helds), bool)
             parts += [h for h, known in zip(helds, inside.tolist()) if not known]
-        if self._rows:
-            if self._rows_all is None:
-                self._rows_all = np.concatenate(list(self._rows.values()))
-            parts.append(self._rows_all)
+        parts += self._rows.values()
         mix = None
         if self._mix is not None:
             c = self._mix.get_state_counters()
@@ -274,14 +253,10 @@ class SavePoint:
         """Source ``i``'s entry, its rows in flight and its pieces' held rest, as it stands now."""
         name, reader, branch, pieces = self.names[i], self.readers[i], self.branches[i], self.pieces[i]
         self._held.pop(i, None)
-        self._has_held[i] = False
-        before = self._rows.pop(i, None)
+        self._rows.pop(i, None)
         if pieces is not None:
             held = pieces.in_flight_origins(i)
-            if len(held) == 1:
-                self._held_one[i] = held[0]
-                self._has_held[i] = True
-            elif len(held):
+            if len(held):
                 self._held[i] = held
         loaded = self.loaded
         if loaded is not None and branch is not None and branch.untouched_since_restore():
@@ -289,26 +264,17 @@ class SavePoint:
             self._entries[name] = loaded[self.SOURCES][name]
             rows = self._loaded_rows()
             rows = rows[(rows[:, 0] == i) & (rows[:, 1] == 0)]
-            self._set_rows(i, rows, before)
+            if len(rows):
+                self._rows[i] = rows
             return
         state, row = reader.position()
         entry = [state[_EPOCH], state[_INDEX], state[_PREFIX], row, reader.next_epoch(), reader.skipped]
         if branch is not None:
             entry += branch_counts(branch)
-            self._set_rows(i, branch.in_flight_origins(i), before)
-        else:
-            self._set_rows(i, NO_DOCS, before)
+            rows = branch.in_flight_origins(i)
+            if len(rows):
+                self._rows[i] = rows
         self._entries[name] = entry
-
-    def _set_rows(self, i: int, rows: np.ndarray, before: Optional[np.ndarray]) -> None:
-        """Source ``i``'s rows in flight are ``rows`` (were ``before``); the concatenation is redone
-        only when they changed."""
-        if len(rows):
-            self._rows[i] = rows
-        if before is None and not len(rows):
-            return
-        if before is None or not np.array_equal(before, rows):
-            self._rows_all = None
 
 
 _EPOCH, _INDEX, _PREFIX = ShardUnits.EPOCH, ShardUnits.INDEX, ShardUnits.PREFIX
