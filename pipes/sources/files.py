@@ -50,6 +50,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 import pyarrow.fs as pafs
 
 from .from_uri import copy_filesystem, filesystem_from_uri
+from .http_store import http_filesystem, ranged_opener
 
 
 def sft_advice(column: str) -> str:
@@ -148,8 +149,11 @@ class SourceFile:
     index_listed: Optional[bool] = field(default=None, compare=False, repr=False)
 
     def open(self):
-        """A seekable pyarrow input file (through this process's own filesystem, see `process_fs`)."""
-        return process_fs(self.fs).open_input_file(self.path)
+        """A seekable input file (through this process's own filesystem, see `process_fs`): pyarrow's,
+        or for HTTP and the Hub one whose ``read_at`` several threads may call at once (http_store.py)."""
+        fs = process_fs(self.fs)
+        ranged = ranged_opener(fs)
+        return ranged(self.path, self.size) if ranged is not None else fs.open_input_file(self.path)
 
     def open_unchanged(self):
         """`open`, refusing a file whose size is not the listed one: a rewritten file's row groups
@@ -214,9 +218,21 @@ class FileUnits:
 
 #: pyarrow/AWS error codes that mean "these credentials are refused".
 _DENIED = ("ACCESS_DENIED", "SIGNATURE_DOES_NOT_MATCH", "INVALID_ACCESS_KEY_ID", "EXPIRED_TOKEN",
-           "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "Forbidden", "Unauthorized")
-_CREDENTIAL_HINT = ("check the credentials for this endpoint (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, "
-                    "AWS_PROFILE, or the key and secret in the URI) and that they may read the bucket")
+           "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "Forbidden", "Unauthorized",
+           "PERMISSION_DENIED", "UNAUTHENTICATED", "AuthenticationException", "AuthorizationFailure")
+_CREDENTIAL_HINTS = {
+    "gs": "Google credentials: GOOGLE_APPLICATION_CREDENTIALS (a service account key file) or "
+          "`gcloud auth application-default login` (without either, gs:// is read anonymously: public buckets only)",
+    "az": "Azure credentials: AZURE_STORAGE_ACCOUNT_KEY, or `az login` / a managed identity for Azure's default "
+          "credentials, and that they may read the container",
+    "s3": "the credentials for this endpoint (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or the key "
+          "and secret in the URI) and that they may read the bucket",
+}
+
+def _credential_hint(spec: str) -> str:
+    scheme = spec.split("://", 1)[0].lower() if "://" in spec else ""
+    key = {"gcs": "gs", "abfs": "az", "abfss": "az"}.get(scheme, scheme)
+    return "check " + _CREDENTIAL_HINTS.get(key, _CREDENTIAL_HINTS["s3"])
 
 
 def _redact(text: str, spec: str) -> str:
@@ -243,10 +259,11 @@ def _remote_error(spec: str, path: str, e: OSError) -> OSError:
     shown = _redact(repr(spec), spec)
     if any(code in msg for code in _DENIED):
         return PermissionError(f"cannot read source {shown}: the store refused the credentials ({msg}); "
-                               f"{_CREDENTIAL_HINT}")
+                               f"{_credential_hint(spec)}")
     if "NO_SUCH_BUCKET" in msg or "NoSuchBucket" in msg:
         return FileNotFoundError(f"source {shown}: bucket {_bucket(path)!r} does not exist ({msg})")
-    if "NETWORK_CONNECTION" in msg or "Could not connect" in msg or "Couldn't resolve host" in msg:
+    if "NETWORK_CONNECTION" in msg or "Could not connect" in msg or "Couldn't resolve host" in msg \
+            or "Could not resolve host" in msg:
         return ConnectionError(f"cannot reach the storage endpoint of source {shown}: {msg}; check the "
                                "endpoint (endpoint_override=, scheme=) and the network")
     return FileNotFoundError(f"cannot list source {shown}: {msg}")
@@ -383,7 +400,34 @@ def resolve_files(spec: SourceSpec, fmt: str = "parquet") -> List[SourceFile]:
     return [out[k] for k in sorted(out)]
 
 
+def _resolve_http(spec: str) -> List[SourceFile]:
+    """One file by its URL (HTTP has no listing: http_store.py)."""
+    if spec.split("?", 1)[0].endswith("/"):
+        raise FileNotFoundError(f"source {spec!r}: a folder over plain HTTP cannot be listed; name each file by "
+                                "its URL (a list of URLs is a source)")
+    fs = http_filesystem()
+    info = fs.get_file_info(spec)
+    if info.type != pafs.FileType.File:
+        raise FileNotFoundError(f"source {spec!r} does not exist (the server answered 404)")
+    name = spec.split("?", 1)[0].rstrip("/").rpartition("/")[2]
+    return [SourceFile(path=spec, size=int(info.size), name=name, fs=fs, uri=spec, mtime_ns=info.mtime_ns)]
+
+
+def _resolve_hf(spec: str, fmt: str) -> List[SourceFile]:
+    """The files of an ``hf://`` URI, pinned to one revision (hf_store.py)."""
+    from .hf_store import list_hf
+    fs, base, files, index = list_hf(spec, FORMAT_SUFFIXES[fmt],
+                                     lambda pattern, path: bool(glob_pattern(pattern).match(path)),
+                                     index_name=MANIFEST_NAME)
+    return [SourceFile(path=f.url, size=f.size, name=os.path.relpath(f.path, base) if base else f.path, fs=fs,
+                       uri=f.uri, index_listed=index) for f in files]
+
+
 def _resolve_one(spec: str, fmt: str) -> List[SourceFile]:
+    if spec.startswith(("http://", "https://")):
+        return _resolve_http(spec)
+    if spec.startswith("hf://"):
+        return _resolve_hf(spec, fmt)
     try:
         fs, path, prefix = _split_uri(spec)
     except Exception as e:  # pyarrow raises ArrowInvalid / OSError for bad URIs

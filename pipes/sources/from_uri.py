@@ -128,9 +128,55 @@ def _after_fork_in_child() -> None:
     _ENV_LOCK = threading.Lock()
 
 
+#: Seconds pyarrow's GCS client retries a request before it fails (its default is 15 minutes).
+GCS_RETRY_S = 15.0
+
+
+def google_credentials(environ: Mapping[str, str] = os.environ) -> bool:
+    """Does this machine name Google credentials (a key file, or gcloud's application default
+    credentials)? Without, pyarrow's client asks the GCE metadata server, which off Google Cloud
+    does not answer: a source would wait minutes and then fail."""
+    if environ.get("GOOGLE_APPLICATION_CREDENTIALS"):
+        return True
+    config = environ.get("CLOUDSDK_CONFIG") or os.path.join(os.path.expanduser("~"), ".config", "gcloud")
+    return os.path.isfile(os.path.join(config, "application_default_credentials.json"))
+
+
+def _gcs(uri: str) -> Tuple[pafs.FileSystem, str]:
+    """``gs://bucket/path``: with Google credentials, as pyarrow builds it (its retries bounded by
+    `GCS_RETRY_S`); without, anonymous (public buckets read; a private one fails fast with what to set)."""
+    import datetime
+    parts = urllib.parse.urlsplit(uri)
+    path = (parts.netloc + parts.path).rstrip("/")
+    limit = datetime.timedelta(seconds=GCS_RETRY_S)
+    if google_credentials():
+        return pafs.GcsFileSystem(retry_time_limit=limit), path
+    return pafs.GcsFileSystem(anonymous=True, retry_time_limit=limit), path
+
+
+def _azure(uri: str, environ: Mapping[str, str] = os.environ) -> Tuple[pafs.FileSystem, str]:
+    """``az://container/path``: the container of the storage account ``AZURE_STORAGE_ACCOUNT_NAME``
+    names (adlfs's convention), with its key (``AZURE_STORAGE_ACCOUNT_KEY``) if set, else Azure's
+    default credentials (pyarrow's)."""
+    account = environ.get("AZURE_STORAGE_ACCOUNT_NAME") or environ.get("AZURE_STORAGE_ACCOUNT")
+    if not account:
+        raise ValueError(f"{uri}: az:// names a container, not its storage account: set AZURE_STORAGE_ACCOUNT_NAME, "
+                         "or write abfs://<container>@<account>.dfs.core.windows.net/<path>")
+    parts = urllib.parse.urlsplit(uri)
+    key = environ.get("AZURE_STORAGE_ACCOUNT_KEY") or environ.get("AZURE_STORAGE_KEY")
+    fs = pafs.AzureFileSystem(account_name=account, account_key=key) if key else pafs.AzureFileSystem(account)
+    return fs, (parts.netloc + parts.path).rstrip("/")
+
+
 def filesystem_from_uri(uri: str) -> Tuple[pafs.FileSystem, str]:
     """``pyarrow.fs.FileSystem.from_uri(uri)``: the same filesystem and path, built without a wait on
-    the EC2 metadata service that the URI does not need (module docstring)."""
+    the EC2 metadata service that the URI does not need (module docstring); ``gs://`` without Google
+    credentials anonymous (`_gcs`), ``az://`` on the account the environment names (`_azure`)."""
+    scheme = uri.split("://", 1)[0].lower()
+    if scheme in ("gs", "gcs"):
+        return _gcs(uri)
+    if scheme == "az":
+        return _azure(uri)
     with sdk_environment(uri_settings(uri)):
         return pafs.FileSystem.from_uri(uri)
 
