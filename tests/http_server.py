@@ -11,7 +11,10 @@ Hugging Face Hub's API as ``huggingface_hub`` calls it, and injected latency, ba
   ``fault_kinds``: ``429`` (with ``Retry-After: 0``), ``503``, ``reset`` (the connection closed
   with no answer), ``short`` (half the body, then closed).
 - ``latency_s`` before every answer, ``bytes_per_s`` per connection (the body written in slices).
-- ``log``: every request as ``(method, path, range header)``.
+- ``log``: every request as ``(method, path, range header)``; ``sent``: body bytes sent;
+  ``GET /_stats``: ``{"requests", "sent", "faults"}`` as JSON (not counted), for a benchmark that
+  runs the server in a process of its own (``python tests/http_server.py ROOT [HUB_REPO] [LATENCY_S]
+  [BYTES_PER_S]`` prints the URL).
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ class Server(ThreadingHTTPServer):
         self.page_size = page_size
         self.log: List[Tuple[str, str, str]] = []
         self.faults = 0
+        self.sent = 0
         self._count = 0
         self._lock = threading.Lock()
         self._thread: Optional[threading.Thread] = None
@@ -127,6 +131,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if head:
             return
+        with self.server._lock:
+            self.server.sent += len(body)
         if short:
             self.wfile.write(body[:len(body) // 2])
             self.wfile.flush()
@@ -252,6 +258,10 @@ class _Handler(BaseHTTPRequestHandler):
         self._json({"error": "not found"}, 404)
 
     def _route(self, method: str) -> None:
+        if self.path == "/_stats":
+            srv = self.server
+            self._json({"requests": len(srv.log), "sent": srv.sent, "faults": srv.faults})
+            return
         self.server.log.append((method, self.path, self.headers.get("Range", "")))
         url = urlsplit(self.path)
         parts = [unquote(p) for p in url.path.strip("/").split("/")]
@@ -281,3 +291,13 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         self._route("POST")
+
+
+if __name__ == "__main__":
+    import sys
+    root = sys.argv[1]
+    hub = {sys.argv[2]: {"main": ("c" * 40, root)}} if len(sys.argv) > 2 and sys.argv[2] != "-" else {}
+    srv = Server(root, hub, latency_s=float(sys.argv[3]) if len(sys.argv) > 3 else 0.0,
+                 bytes_per_s=float(sys.argv[4]) if len(sys.argv) > 4 else 0.0)
+    print(srv.url, flush=True)
+    srv.serve_forever()

@@ -394,10 +394,21 @@ def resolve_files(spec: SourceSpec, fmt: str = "parquet") -> List[SourceFile]:
     if not specs:
         raise ValueError("no source given: pass a path, glob, directory or URI (or a list of them)")
     out: dict = {}
+    urls = [os.fspath(one) for one in specs if os.fspath(one).startswith(("http://", "https://"))]
+    looked: Dict[str, List[SourceFile]] = {}
+    if len(urls) > 1:  # one size lookup (a round trip) per URL: at once, not one after the other
+        from concurrent.futures import ThreadPoolExecutor
+        with ThreadPoolExecutor(min(len(urls), HTTP_LOOKUPS)) as pool:
+            looked = dict(zip(urls, pool.map(_resolve_http, urls)))
     for one in specs:
-        for f in _resolve_one(os.fspath(one), fmt):
+        spec = os.fspath(one)
+        for f in looked[spec] if spec in looked else _resolve_one(spec, fmt):
             out.setdefault(f.uri, f)
     return [out[k] for k in sorted(out)]
+
+
+#: Size lookups of a list of URLs made at once.
+HTTP_LOOKUPS = 16
 
 
 def _resolve_http(spec: str) -> List[SourceFile]:

@@ -114,16 +114,19 @@ def list_hf(uri: str, suffixes: Tuple[str, ...], match, retry: Optional[RetryPol
     retry = retry or RetryPolicy()
     where = HfPath.parse(uri)
     api = _api()
-    try:
-        info = _transient(lambda: api.repo_info(where.repo_id, revision=where.revision, repo_type=where.repo_type),
-                          f"{uri}: the revision lookup", retry)
-    except RepositoryNotFoundError as e:
-        raise FileNotFoundError(f"source {uri!r}: repository {where.repo_id!r} not found on {api.endpoint} (or it is "
-                                "private or gated: set HF_TOKEN, or run `hf auth login`, with access to it)") from e
-    except RevisionNotFoundError as e:
-        raise FileNotFoundError(f"source {uri!r}: revision {where.revision!r} not found in {where.repo_id!r}") from e
-    sha = info.sha
-    if where.revision is None or where.revision != sha:
+    if where.revision is not None and _SHA.match(where.revision):
+        sha = where.revision  # pinned already: no lookup (a wrong sha fails the listing, naming it)
+    else:
+        try:
+            info = _transient(lambda: api.repo_info(where.repo_id, revision=where.revision,
+                                                    repo_type=where.repo_type),
+                              f"{uri}: the revision lookup", retry)
+        except RepositoryNotFoundError as e:
+            raise FileNotFoundError(f"source {uri!r}: repository {where.repo_id!r} not found on {api.endpoint} (or it "
+                                    "is private or gated: set HF_TOKEN, or run `hf auth login`, with access to it)") from e
+        except RevisionNotFoundError as e:
+            raise FileNotFoundError(f"source {uri!r}: revision {where.revision!r} not found in {where.repo_id!r}") from e
+        sha = info.sha
         log.info("%s: pinned to revision %s (%s at the start); write @%s in the URI to read the same files on every "
                  "run", uri, sha, where.revision or "main", sha)
     segments = where.path.split("/") if where.path else []
@@ -145,6 +148,10 @@ def list_hf(uri: str, suffixes: Tuple[str, ...], match, retry: Optional[RetryPol
                                  f"{uri}: the listing", retry)
         except EntryNotFoundError:
             entries = []
+        except RepositoryNotFoundError as e:
+            raise FileNotFoundError(f"source {uri!r}: repository {where.repo_id!r} not found on {api.endpoint}") from e
+        except RevisionNotFoundError as e:
+            raise FileNotFoundError(f"source {uri!r}: revision {sha!r} not found in {where.repo_id!r}") from e
         files = [e for e in entries if _is_file(e)]
         index = any(f.path == (f"{base}/{index_name}" if base else index_name) for f in files)
         if glob_at is not None:
