@@ -130,8 +130,8 @@ def _is_remote(spec: Any) -> bool:
 
 
 def _plan_sources(named: Mapping[str, Any], tokenizer: Any, *, columns: Mapping[str, str], modes: Mapping[str, str],
-                  manifests: Mapping[str, str], require_type: type, engine: Optional[str] = None
-                  ) -> Tuple[List[SourcePlan], Encoder]:
+                  manifests: Mapping[str, str], require_type: type, engine: Optional[str] = None,
+                  retry: Any = None) -> Tuple[List[SourcePlan], Encoder]:
     """Every source's plan, in order, and the encoder. With a remote source the sources are listed at
     once (a thread each) while this thread loads the tokenizer: each source's listing and footers are
     round trips to the store (one after the other, several per source without this; see
@@ -140,7 +140,7 @@ def _plan_sources(named: Mapping[str, Any], tokenizer: Any, *, columns: Mapping[
 
     def plan(name: str) -> SourcePlan:
         return plan_source(name, named[name], column=columns[name], text_mode=modes[name],
-                           require_type=require_type, manifest=manifests.get(name))
+                           require_type=require_type, manifest=manifests.get(name), retry=retry)
 
     if not any(_is_remote(spec) for spec in named.values()):
         plans = [plan(name) for name in named]
@@ -240,7 +240,7 @@ def packed_loader(spec: PackedSpec, loader_kwargs: Mapping[str, Any]) -> TokenLo
     cache_reads = start_cache_reads(cache, names) if cache is not None else {}  # beside the sources' listing
     try:  # the cache's reads open its files: closed if the build fails before it matches them
         plans, encoder = _plan_sources(named, data.tokenizer, columns=columns, modes=modes, manifests=manifests,
-                                       require_type=list if sft else str, engine=data.engine)
+                                       require_type=list if sft else str, engine=data.engine, retry=data.retry)
         for plan in plans:
             check_shardable(plan.total_rows, num_shards, f"source {plan.name!r}")
         # the budget is per worker, shared by the sources (row_windows.py)

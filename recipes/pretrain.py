@@ -13,6 +13,7 @@ from tokenloom.pipes.loader.bridge import TokenLoomLoader
 from tokenloom.pipes.loader.rank_sync import RankSync
 from tokenloom.pipes.schedule import Weights
 from tokenloom.pipes.sources.files import SourceSpec
+from tokenloom.pipes.sources.retry import RetryPolicy
 
 from .packed import packed_loader
 from .settings import READ_BUDGET, PackedSpec
@@ -52,6 +53,7 @@ def pretrain(
     cache_strict: bool = False,
     engine: Optional[str] = None,
     read_budget: Optional[int] = READ_BUDGET,
+    retry: Optional[RetryPolicy] = None,
     **loader_kwargs: Any,
 ) -> TokenLoomLoader:
     """Build a loader of packed pretraining batches (see the README for every parameter).
@@ -90,6 +92,8 @@ def pretrain(
     (default ``READ_BUDGET``): a parquet row group larger than ``read_budget / sources`` is decoded in
     windows of that size and shuffled within each window (None: whole row groups; memory then grows
     with the sources).
+    ``retry``: how requests to ``https://`` and ``hf://`` sources are retried (`RetryPolicy`; None: its
+    defaults).
     """
     check_loader_keywords(pretrain, loader_kwargs, also=TokenLoomLoader.USER_KEYWORDS)
     settings = {k: v for k, v in locals().items() if k in SETTINGS}

@@ -35,6 +35,7 @@ from tokenloom.pipes.engines import AUTO, ENGINES
 from tokenloom.pipes.mix import STOPS, STRATEGIES, UNITS
 from tokenloom.pipes.pack.bestfit import BestFitPack
 from tokenloom.pipes.sources.readers import TEXT_MODES
+from tokenloom.pipes.sources.retry import RetryPolicy
 from tokenloom.pipes.tokenizer import DEMO_TOKENIZER
 
 from .setting import FREE, TOPOLOGY, Cli, check_fields, hints_of, keyword_of, meta_of, setting, settings_fields
@@ -124,6 +125,19 @@ class DataSettings:
         hint="the row order inside row groups larger than read_budget / sources depends on it; pass the saved "
              "read_budget (None: whole row groups, what a state saved before this setting read)",
         cli=Cli(type=byte_size))
+    retry: Optional[RetryPolicy] = setting(
+        None, doc="how requests to https:// and hf:// sources are retried on what is transient (429, 5xx, a reset "
+                  "or dropped connection, a timeout): a RetryPolicy(attempts=, max_time_s=, backoff_s=, "
+                  "max_backoff_s=, timeout_s=); None: RetryPolicy()'s defaults (8 attempts within 60 s)",
+        check=lambda name, value: _retry_policy(name, value), resume=FREE,
+        why="retries change when bytes arrive, not which", cli=None,
+        no_cli="Python only (RetryPolicy); the command line uses the defaults")
+
+
+def _retry_policy(name: str, value: Any) -> Any:
+    if value is not None and not isinstance(value, RetryPolicy):
+        raise TypeError(f"{name}={value!r}: pass a tokenloom.recipes.RetryPolicy(...) (or None for the defaults)")
+    return value
 
 
 @dataclass(frozen=True)

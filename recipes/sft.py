@@ -26,6 +26,7 @@ from tokenloom.pipes.loader.bridge import TokenLoomLoader
 from tokenloom.pipes.loader.rank_sync import RankSync
 from tokenloom.pipes.schedule import Weights
 from tokenloom.pipes.sources.files import SourceSpec
+from tokenloom.pipes.sources.retry import RetryPolicy
 from tokenloom.pipes.tokenizer import load_encoder
 
 from .packed import packed_loader
@@ -63,6 +64,7 @@ def sft(
     min_fill: int = 1,
     engine: Optional[str] = None,
     read_budget: Optional[int] = READ_BUDGET,
+    retry: Optional[RetryPolicy] = None,
     **loader_kwargs: Any,
 ) -> TokenLoomLoader:
     """Build a loader of packed conversation batches (see the module docstring and the README).

@@ -245,3 +245,25 @@ def test_an_hf_source_names_a_missing_repository_and_revision(tok_path, hub_env,
             resolve_files("hf://datasets/org/web@v9/*.parquet")
         with pytest.raises(FileNotFoundError, match="matched no files"):
             resolve_files("hf://datasets/org/web/*.jsonl")
+
+
+def test_the_retry_setting_reaches_the_requests(files, tok_path):
+    from tokenloom.recipes import RetryPolicy
+    folder, _ = files
+    with Server(folder, fault_every=1, fault_kinds=("503",)) as server:
+        with pytest.raises(RemoteError, match="failed 2 times"):
+            pretrain(_urls(server, folder)[:1], tokenizer=tok_path, retry=RetryPolicy(attempts=2, backoff_s=0.0), **ARGS)
+        assert len(server.log) == 2
+
+
+def test_jsonl_and_text_over_http_give_the_batches_of_local_files(tmp_path, tok_path):
+    import json
+    texts = synthetic_texts(300, seed=5)
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    (tmp_path / "b.txt").write_text("\n\n".join(texts[:50]))
+    with Server(str(tmp_path)) as server:
+        for name, mode in (("a.jsonl", "file"), ("b.txt", "paragraphs")):
+            local = _all(str(tmp_path / name), tok_path, text_mode=mode, num_workers=2)
+            remote = _all(f"{server.url}/files/{name}", tok_path, text_mode=mode, num_workers=2)
+            assert len(local) == len(remote) > 0
+            assert all(items_equal(a, b) for a, b in zip(local, remote)), name

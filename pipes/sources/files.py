@@ -51,6 +51,7 @@ import pyarrow.fs as pafs
 
 from .from_uri import copy_filesystem, filesystem_from_uri
 from .http_store import http_filesystem, ranged_opener
+from .retry import RetryPolicy
 
 
 def sft_advice(column: str) -> str:
@@ -383,8 +384,9 @@ def _glob_root(path: str) -> str:
     return "/".join(root) or "/"
 
 
-def resolve_files(spec: SourceSpec, fmt: str = "parquet") -> List[SourceFile]:
-    """Resolve one spec or a list of specs into a sorted, de-duplicated list of files.
+def resolve_files(spec: SourceSpec, fmt: str = "parquet", retry: Optional[RetryPolicy] = None) -> List[SourceFile]:
+    """Resolve one spec or a list of specs into a sorted, de-duplicated list of files; ``retry``: how
+    requests to ``https://`` and ``hf://`` files are retried (retry.py; None: its defaults).
 
     Raises `FileNotFoundError` naming the spec when it matches no file.
     """
@@ -399,10 +401,10 @@ def resolve_files(spec: SourceSpec, fmt: str = "parquet") -> List[SourceFile]:
     if len(urls) > 1:  # one size lookup (a round trip) per URL: at once, not one after the other
         from concurrent.futures import ThreadPoolExecutor
         with ThreadPoolExecutor(min(len(urls), HTTP_LOOKUPS)) as pool:
-            looked = dict(zip(urls, pool.map(_resolve_http, urls)))
+            looked = dict(zip(urls, pool.map(lambda u: _resolve_http(u, retry), urls)))
     for one in specs:
         spec = os.fspath(one)
-        for f in looked[spec] if spec in looked else _resolve_one(spec, fmt):
+        for f in looked[spec] if spec in looked else _resolve_one(spec, fmt, retry):
             out.setdefault(f.uri, f)
     return [out[k] for k in sorted(out)]
 
@@ -411,12 +413,12 @@ def resolve_files(spec: SourceSpec, fmt: str = "parquet") -> List[SourceFile]:
 HTTP_LOOKUPS = 16
 
 
-def _resolve_http(spec: str) -> List[SourceFile]:
+def _resolve_http(spec: str, retry: Optional[RetryPolicy] = None) -> List[SourceFile]:
     """One file by its URL (HTTP has no listing: http_store.py)."""
     if spec.split("?", 1)[0].endswith("/"):
         raise FileNotFoundError(f"source {spec!r}: a folder over plain HTTP cannot be listed; name each file by "
                                 "its URL (a list of URLs is a source)")
-    fs = http_filesystem()
+    fs = http_filesystem(retry=retry)
     info = fs.get_file_info(spec)
     if info.type != pafs.FileType.File:
         raise FileNotFoundError(f"source {spec!r} does not exist (the server answered 404)")
@@ -424,21 +426,21 @@ def _resolve_http(spec: str) -> List[SourceFile]:
     return [SourceFile(path=spec, size=int(info.size), name=name, fs=fs, uri=spec, mtime_ns=info.mtime_ns)]
 
 
-def _resolve_hf(spec: str, fmt: str) -> List[SourceFile]:
+def _resolve_hf(spec: str, fmt: str, retry: Optional[RetryPolicy] = None) -> List[SourceFile]:
     """The files of an ``hf://`` URI, pinned to one revision (hf_store.py)."""
     from .hf_store import list_hf
     fs, base, files, index = list_hf(spec, FORMAT_SUFFIXES[fmt],
                                      lambda pattern, path: bool(glob_pattern(pattern).match(path)),
-                                     index_name=MANIFEST_NAME)
+                                     retry=retry, index_name=MANIFEST_NAME)
     return [SourceFile(path=f.url, size=f.size, name=os.path.relpath(f.path, base) if base else f.path, fs=fs,
                        uri=f.uri, index_listed=index) for f in files]
 
 
-def _resolve_one(spec: str, fmt: str) -> List[SourceFile]:
+def _resolve_one(spec: str, fmt: str, retry: Optional[RetryPolicy] = None) -> List[SourceFile]:
     if spec.startswith(("http://", "https://")):
-        return _resolve_http(spec)
+        return _resolve_http(spec, retry)
     if spec.startswith("hf://"):
-        return _resolve_hf(spec, fmt)
+        return _resolve_hf(spec, fmt, retry)
     try:
         fs, path, prefix = _split_uri(spec)
     except Exception as e:  # pyarrow raises ArrowInvalid / OSError for bad URIs

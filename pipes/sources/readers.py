@@ -42,6 +42,7 @@ from .files import COMPRESSIONS, FORMAT_SUFFIXES, SourceFile, SourceSpec, resolv
 from .line_listing import list_text_units
 from .row_windows import window_rows
 from .text_files import ReadText
+from .retry import RetryPolicy
 
 TEXT_MODES = ("file", "paragraphs")
 
@@ -191,18 +192,20 @@ def detect_format(spec: SourceSpec) -> str:
 
 def plan_source(name: str, spec: SourceSpec, *, column: str = "text", text_mode: str = "file",
                 fmt: Optional[str] = None, require_type: Optional[type] = str,
-                manifest: Optional[str] = None, column_param: Optional[str] = None) -> SourcePlan:
+                manifest: Optional[str] = None, column_param: Optional[str] = None,
+                retry: Optional[RetryPolicy] = None) -> SourcePlan:
     """Resolve, check and list one source (see the module docstring); ``manifest`` is the
     path or URI of a parquet source's index when it is not in the default place;
     ``column_param`` is what the caller calls ``column`` in its errors (default:
-    ``messages_field`` when ``require_type`` is list, else ``text_column``)."""
+    ``messages_field`` when ``require_type`` is list, else ``text_column``); ``retry``: how requests to
+    ``https://`` and ``hf://`` files are retried (retry.py)."""
     if text_mode not in TEXT_MODES:
         raise ValueError(f"{text_mode=} is not one of {TEXT_MODES}")
     fmt = fmt or (HF if is_hf_source(spec) else detect_format(spec))
     if manifest is not None and fmt != "parquet":
         raise ValueError(f"manifest={manifest!r} is an index of parquet files, but source {name!r} is {fmt}; "
                          "leave manifest= out for it")
-    files = [] if fmt == HF else resolve_files(spec, fmt)
+    files = [] if fmt == HF else resolve_files(spec, fmt, retry=retry)
     param = column_param or ("messages_field" if require_type is list else "text_column")
     require = TEXT if require_type is str else LIST if require_type is list else None  # the column kind listed
     try:
