@@ -267,3 +267,53 @@ def test_jsonl_and_text_over_http_give_the_batches_of_local_files(tmp_path, tok_
             remote = _all(f"{server.url}/files/{name}", tok_path, text_mode=mode, num_workers=2)
             assert len(local) == len(remote) > 0
             assert all(items_equal(a, b) for a, b in zip(local, remote)), name
+
+
+def test_ranks_of_one_host_list_a_hub_commit_and_read_its_footers_once(files, tok_path, hub_env, tmp_path, monkeypatch):
+    folder, _ = files
+    monkeypatch.setenv("TOKENLOOM_CACHE", str(tmp_path / "cache"))
+    with Server(folder, {"org/web": {"main": (SHA_A, folder)}}) as server:
+        hub_env(server)
+        spec = f"hf://datasets/org/web@{SHA_A}/*.parquet"
+        sizes = {n: os.path.getsize(os.path.join(folder, n)) for n in os.listdir(folder)}
+
+        def footers(log):  # reads that end at a file's last byte
+            return [p for _, p, r in log if r and r.endswith(f"-{sizes.get(p.rpartition('/')[2], -1) - 1}")]
+        for rank in range(4):
+            before = len(server.log)
+            it = iter(pretrain(spec, tokenizer=tok_path, rank=rank, world_size=4, **ARGS))
+            next(it)
+            del it
+            trees = [p for _, p, _ in server.log if "/tree/" in p]
+            assert len(trees) == 1, f"rank {rank}: the tree was listed {len(trees)} times"
+            read = footers(server.log[before:])
+            assert len(read) == (3 if rank == 0 else 0), f"rank {rank} read footers {read}"
+    monkeypatch.setenv("TOKENLOOM_CACHE", "0")
+    with Server(folder, {"org/web": {"main": (SHA_A, folder)}}) as server:
+        hub_env(server)
+        for _ in range(2):
+            resolve_files(spec)
+        assert len([p for _, p, _ in server.log if "/tree/" in p]) == 2, "TOKENLOOM_CACHE=0 keeps nothing"
+
+
+def test_the_host_cache_fetches_an_entry_once_for_concurrent_processes(tmp_path, monkeypatch):
+    import threading
+    import time
+
+    from tokenloom.pipes.sources.host_cache import shared
+    monkeypatch.setenv("TOKENLOOM_CACHE", str(tmp_path))
+    calls, got = [], []
+
+    def fetch():
+        calls.append(1)
+        time.sleep(0.2)
+        return b"the listing"
+    threads = [threading.Thread(target=lambda: got.append(shared("t", "k", fetch))) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert calls == [1] and got == [b"the listing"] * 6
+    with pytest.raises(RuntimeError):
+        shared("t", "other", lambda: (_ for _ in ()).throw(RuntimeError("store down")))
+    assert shared("t", "other", lambda: b"later") == b"later", "a failed fetch is not kept"

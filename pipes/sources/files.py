@@ -148,6 +148,9 @@ class SourceFile:
     #: resolved under (a glob's or a directory's listing covers it; None: not known, e.g. a file spec),
     #: so a remote source is not asked twice (manifest.py).
     index_listed: Optional[bool] = field(default=None, compare=False, repr=False)
+    #: An id of the file's bytes that changes with them (the Hub's LFS sha256 or git blob id; "": none
+    #: known): what the host cache keys its footer by (host_cache.py).
+    content: str = field(default="", compare=False, repr=False)
 
     def open(self):
         """A seekable input file (through this process's own filesystem, see `process_fs`): pyarrow's,
@@ -433,7 +436,7 @@ def _resolve_hf(spec: str, fmt: str, retry: Optional[RetryPolicy] = None) -> Lis
                                      lambda pattern, path: bool(glob_pattern(pattern).match(path)),
                                      retry=retry, index_name=MANIFEST_NAME)
     return [SourceFile(path=f.url, size=f.size, name=os.path.relpath(f.path, base) if base else f.path, fs=fs,
-                       uri=f.uri, index_listed=index) for f in files]
+                       uri=f.uri, index_listed=index, content=f.content) for f in files]
 
 
 def _resolve_one(spec: str, fmt: str, retry: Optional[RetryPolicy] = None) -> List[SourceFile]:

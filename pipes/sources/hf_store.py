@@ -10,8 +10,10 @@ recursively) or a glob as files.py reads globs (``data/*.parquet``, ``**/*.parqu
   pushed to the branch during a run are not mixed in; a source given without ``@<sha>`` logs the
   sha it was pinned to. The files' URIs name the sha (``hf://datasets/org/name@<sha>/path``), and a
   resume against files whose content changed is refused as for local files (fingerprint.py).
-- **Few requests.** One call resolves the revision and one (paged) lists the tree; sizes come from
-  the listing, so opening a file costs no request.
+- **Few requests.** One call resolves the revision (none with ``@<sha>``) and one (paged) lists the
+  tree, once per host for all its ranks and workers (host_cache.py: a commit's tree does not change);
+  sizes come from the listing, so opening a file costs no request, and footers are kept per host by
+  the files' content ids.
 - **Retried.** The listing calls are retried on 429 and 5xx and on dropped connections
   (`retry.RetryPolicy`); the reads are http_store.py's.
 - **The real client.** ``huggingface_hub``'s `HfApi` (the ``hf`` extra) makes the listing calls:
@@ -21,12 +23,14 @@ recursively) or a glob as files.py reads globs (``data/*.parquet``, ``**/*.parqu
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from dataclasses import dataclass
-from typing import Any, List, Optional, Tuple
+from typing import Any, List, NamedTuple, Optional, Tuple
 from urllib.parse import quote
 
+from .host_cache import shared
 from .http_store import http_filesystem
 from .retry import RetryPolicy, TransientError
 
@@ -136,23 +140,31 @@ def list_hf(uri: str, suffixes: Tuple[str, ...], match, retry: Optional[RetryPol
         got = _transient(lambda: api.get_paths_info(where.repo_id, [where.path], revision=sha,
                                                     repo_type=where.repo_type),
                          f"{uri}: the path lookup", retry)
-        one = next((p for p in got if _is_file(p) and p.path == where.path), None)
+        one = next((_Entry(p.path, int(p.size), _content(p)) for p in got if _is_file(p) and p.path == where.path),
+                   None)
     if one is not None:
         files, base = [one], where.path.rpartition("/")[0]
     else:
         base = "/".join(segments if glob_at is None else segments[:glob_at])
-        try:
-            entries = _transient(lambda: list(api.list_repo_tree(where.repo_id, path_in_repo=base or None,
+        def listing() -> bytes:
+            try:
+                got = _transient(lambda: list(api.list_repo_tree(where.repo_id, path_in_repo=base or None,
                                                                  recursive=True, revision=sha,
                                                                  repo_type=where.repo_type)),
                                  f"{uri}: the listing", retry)
-        except EntryNotFoundError:
-            entries = []
+            except EntryNotFoundError:
+                got = []
+            return json.dumps([[e.path, int(e.size), _content(e)] for e in got if _is_file(e)]).encode()
+
+        try:
+            # a commit's tree does not change: listed once per host (host_cache.py)
+            key = f"{api.endpoint}\0{where.repo_type}\0{where.repo_id}\0{sha}\0{base}"
+            entries = [_Entry(*e) for e in json.loads(shared("hub-tree", key, listing))]
         except RepositoryNotFoundError as e:
             raise FileNotFoundError(f"source {uri!r}: repository {where.repo_id!r} not found on {api.endpoint}") from e
         except RevisionNotFoundError as e:
             raise FileNotFoundError(f"source {uri!r}: revision {sha!r} not found in {where.repo_id!r}") from e
-        files = [e for e in entries if _is_file(e)]
+        files = entries
         index = any(f.path == (f"{base}/{index_name}" if base else index_name) for f in files)
         if glob_at is not None:
             files = [f for f in files if match(where.path, f.path)]
@@ -167,11 +179,24 @@ def list_hf(uri: str, suffixes: Tuple[str, ...], match, retry: Optional[RetryPol
     out = []
     for f in sorted(files, key=lambda f: f.path):
         url = f"{api.endpoint}/{prefix}{where.repo_id}/resolve/{sha}/{quote(f.path)}"
-        lfs = getattr(f, "lfs", None)
-        content = (lfs.get("sha256") if isinstance(lfs, dict) else getattr(lfs, "sha256", None)) or getattr(f, "blob_id", "")
-        out.append(HfFile(url, int(f.size), f.path, where.uri(sha, f.path), str(content or "")))
+        out.append(HfFile(url, f.size, f.path, where.uri(sha, f.path), f.content))
     fs = http_filesystem(build_hf_headers(), retry, name="hf")
     return fs, base, out, index
+
+
+class _Entry(NamedTuple):
+    """A file of a listing: its path in the repository, size and content id."""
+
+    path: str
+    size: int
+    content: str
+
+
+def _content(entry: Any) -> str:
+    """A listed file's content id: its LFS sha256, else its git blob id (both hash its bytes)."""
+    lfs = getattr(entry, "lfs", None)
+    sha = lfs.get("sha256") if isinstance(lfs, dict) else getattr(lfs, "sha256", None)
+    return str(sha or getattr(entry, "blob_id", "") or "")
 
 
 def _is_file(entry: Any) -> bool:

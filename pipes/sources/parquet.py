@@ -61,6 +61,7 @@ from ..items import Doc
 from ..shard import ShardUnits, WorkSlice
 from .files import FileChangedError, FileUnits, OpenFiles, SourceFile, sft_advice
 from .listing_at_once import each_file
+from .host_cache import shared
 from .first_fetches import FirstFetches
 from .parquet_footer import MAGIC, TAIL_BYTES, footer_bytes  # noqa: F401 (MAGIC, TAIL_BYTES re-exported)
 from .parquet_windows import RowsChanged, UnitWindows
@@ -142,7 +143,11 @@ def read_footer(f: SourceFile) -> Footer:
     handle = None
     try:
         handle = f.open()
-        raw = footer_bytes(handle, handle.size())
+        size = handle.size()
+        if f.content:  # bytes that cannot change: read once per host (host_cache.py)
+            raw = shared("parquet-footer", f"{f.content}\0{size}", lambda: footer_bytes(handle, size))
+        else:
+            raw = footer_bytes(handle, size)
         if not remote:
             handle.close()
         meta = pq.ParquetFile(pa.BufferReader(raw)).metadata
