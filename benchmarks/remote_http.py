@@ -8,6 +8,9 @@ after ``--latency`` (default 100 ms) per request with each answer's body paced a
 sources, ``code`` and ``prose``, mixed 60/40 by tokens), bestfit, T=2048, B=8, 2 workers, the shipped
 tokenizer, an endless stream; the same files read from local disk too.
 
+Requests of a job: 8 ranks x 4 workers built one after the other on this host (the host cache,
+host_cache.py, fresh), the requests until every rank has its first batch.
+
 Per run, in a fresh interpreter (imports untimed): ``first`` (``pretrain(...)`` to the first batch
 in hand), tokens/s over ``--batches`` batches after ``--warmup``, and the requests the server
 counted: to the first batch and per GB sent. Variants interleaved round by round; each variant's
@@ -111,6 +114,25 @@ def task_run(kind: str, url: Optional[str], warmup: int, batches: int) -> dict:
             "sent": sent, "requests_per_gb": (s2["requests"] - s0["requests"]) / max(sent, 1) * 1e9}
 
 
+def task_ranks(kind: str, url: str, ranks: int, workers: int) -> dict:
+    """Requests the server counts while each of ``ranks`` ranks (``workers`` workers each), built one
+    after the other in this process as a job's ranks on one host would be, reaches its first batch."""
+    from tokenloom.recipes import pretrain
+    from tokenloom.sample_data import default_tokenizer_path
+
+    srcs = sources(kind, url)
+    per_rank = []
+    for rank in range(ranks):
+        s0 = _stats(url)
+        loader = pretrain(srcs, tokenizer=default_tokenizer_path(), seq_len=SEQ_LEN, batch_size=BATCH,
+                          weights=WEIGHTS, num_workers=workers, seed=0, rank=rank, world_size=ranks)
+        it = iter(loader)
+        next(it)
+        per_rank.append(_stats(url)["requests"] - s0["requests"])
+        del it, loader
+    return {"per_rank": per_rank, "total": sum(per_rank)}
+
+
 def start_server(root: str, latency: float, bandwidth: float) -> tuple:
     proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "tests", "http_server.py"), root, REPO, str(latency),
                              str(bandwidth)], stdout=subprocess.PIPE, text=True)
@@ -138,7 +160,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--task", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.task:
-        print(json.dumps(task_run(**json.loads(args.task))))
+        params = json.loads(args.task)
+        task = task_ranks if "ranks" in params else task_run
+        print(json.dumps(task(**params)))
         return 0
     rounds = args.rounds or (1 if args.quick else 3)
     batches = args.batches or (150 if args.quick else 400)
@@ -156,6 +180,16 @@ def main(argv: Optional[List[str]] = None) -> int:
                 runs[name].append(got)
                 print(f"round {r}: {name}: {got['tokens_per_s'] / 1e6:.2f} M tokens/s, first {got['first_s']:.2f} s, "
                       f"{got['requests_first']} requests to the first batch", file=sys.stderr, flush=True)
+        # a job of 8 ranks x 4 workers on one host, each host cache fresh (host_cache.py)
+        import tempfile
+        ranks = {}
+        for kind in ("http", "hf"):
+            with tempfile.TemporaryDirectory() as cache:
+                env = dict(os.environ, PYTHONHASHSEED="0", HF_ENDPOINT=fast_url, HF_HUB_DISABLE_TELEMETRY="1",
+                           TOKENLOOM_CACHE=cache)
+                ranks[kind] = child(env, kind=kind, url=fast_url, ranks=8, workers=4)
+            print(f"8 ranks x 4 workers, {kind}: {ranks[kind]['total']} requests to every rank's first batch "
+                  f"{ranks[kind]['per_rank']}", file=sys.stderr, flush=True)
     finally:
         for p in (fast, slow):
             p.terminate()
@@ -165,6 +199,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     out = {
         "machine": f"{platform.machine()}, {os.cpu_count()} cores", "rounds": rounds, "batches": batches,
         "latency_s": args.latency, "bandwidth": args.bandwidth, "same_batches": len(digests) == 1,
+        "ranks_8x4": ranks,
         "variants": {k: {"tokens_per_s": best[k]["tokens_per_s"], "first_s": first[k],
                          "requests_first": best[k]["requests_first"], "requests_per_gb": best[k]["requests_per_gb"],
                          "runs": runs[k]} for k in runs},
@@ -204,7 +239,11 @@ def markdown(out: dict, command: str) -> str:
         s = out[store]
         lines.append(f"| {store} | {s['slow_vs_fast']:.2f}x | {s['slow_vs_local']:.2f}x | {s['first_budget_s']:.2f} s | "
                      f"{'pass' if s['pass'] else 'FAIL'} |")
-    lines += ["", "![remote_http](remote_http.png)"]
+    lines += ["", "A job of 8 ranks x 4 workers on one host (ranks built one after the other, the host cache fresh): "
+              "requests the server counted until every rank had its first batch: "
+              + ", ".join(f"{k} {v['total']} ({v['per_rank'][0]} for the first rank, then "
+                          f"{min(v['per_rank'][1:])}-{max(v['per_rank'][1:])} each)" for k, v in out["ranks_8x4"].items())
+              + ".", "", "![remote_http](remote_http.png)"]
     return "\n".join(lines)
 
 
