@@ -34,6 +34,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 class Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = 256  # clients open many connections at once; a full backlog drops SYNs (1 s resends)
 
     def __init__(self, root: str = "", hub: Optional[Dict[str, Dict[str, Tuple[str, str]]]] = None, *,
                  latency_s: float = 0.0, bytes_per_s: float = 0.0, fault_every: int = 0,
