@@ -42,10 +42,10 @@ from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
+from .cache_dir import ENV_CACHE, cache_root  # noqa: F401 (ENV_CACHE re-exported)
+
 log = logging.getLogger(__name__)
 
-#: Environment variable naming the cache directory (or switching it off).
-ENV_CACHE = "TOKENLOOM_CACHE"
 #: Bump when an entry's layout or meaning changes: old entries are then simply not found.
 FORMAT = 2
 META, RANKS = "meta.json", "ranks.bin"
@@ -57,15 +57,6 @@ K_RANKS_SHA, K_RANKS_COUNT, K_VERDICTS = "ranks_sha256", "ranks_count", "verdict
 REQUIRED = (K_FORMAT, K_FINGERPRINT, K_VOCAB, K_ADDED, K_LOOKUPS, K_TIKTOKEN, K_NOTE, K_VERDICTS)
 
 Parts = Tuple[str, Dict[bytes, int], Dict[str, int], bool]
-
-
-def cache_root() -> Optional[str]:
-    """The cache directory, or None where it is switched off."""
-    value = os.environ.get(ENV_CACHE)
-    if value is not None:
-        return None if value.strip().lower() in ("", "0", "off", "false", "no") else value
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "tokenloom")
 
 
 #: The modules whose code decides a verdict (beside this one): an entry is kept per version of them.

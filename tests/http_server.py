@@ -123,6 +123,7 @@ class _Handler(BaseHTTPRequestHandler):
               short: bool = False) -> None:
         if self.server.latency_s:
             time.sleep(self.server.latency_s)
+        head = head or self.command == "HEAD"  # an answer to HEAD has no body, whatever its status
         self.send_response(status)
         for k, v in (headers or {}).items():
             self.send_header(k, v)

@@ -104,6 +104,28 @@ def test_the_rules_refuse_imports_the_wrong_way():
         "tokenloom.recipes.packed imports tokenloom.cli_config"]
 
 
+#: The storage layer of sources (pipes/sources/__init__.py): bytes from where they live. It never
+#: imports the formats above it.
+STORAGE = ("files", "from_uri", "http_store", "hf_store", "retry", "host_cache", "listing_at_once",
+           "parquet_footer", "readahead", "unit_readahead", "first_fetches")
+SOURCES = "tokenloom.pipes.sources."
+
+
+def _storage_imports_formats(graph: Dict[str, Set[str]]) -> List[str]:
+    storage = {SOURCES + m for m in STORAGE}
+    return [f"{name} imports {target}" for name in sorted(storage & set(graph)) for target in sorted(graph[name])
+            if target.startswith(SOURCES) and target not in storage]
+
+
+def test_sources_storage_never_imports_a_format():
+    graph = _graph()
+    assert all(SOURCES + m in graph for m in STORAGE), "a storage module moved: update STORAGE"
+    wrong = _storage_imports_formats(graph)
+    assert not wrong, "\n".join(wrong)
+    assert _storage_imports_formats({SOURCES + "readahead": {SOURCES + "parquet"}}) == [
+        f"{SOURCES}readahead imports {SOURCES}parquet"]
+
+
 def test_no_import_cycle():
     graph = _graph()
     index: Dict[str, int] = {}

@@ -206,7 +206,7 @@ def test_fetch_error_is_raised_at_its_unit_naming_file_and_row_group(local, monk
     assert len({f.size for f in units.files}) == len(units.files)  # a handle's size names its file here
     meta = pq.ParquetFile(units.files[bad_file].path).metadata
     (offset, _), = readahead.chunk_ranges(meta, bad_group, ["text"], units.files[bad_file].size)
-    real_range, real_meta = readahead._read_range, readahead._file_meta
+    real_range, real_meta = readahead.read_range, readahead._file_meta
 
     def read_range(handle, off, n):
         if off == offset and handle.size() == units.files[bad_file].size and where == "range":
@@ -218,7 +218,7 @@ def test_fetch_error_is_raised_at_its_unit_naming_file_and_row_group(local, monk
             raise OSError("injected: the footer read timed out")
         return real_meta(handle, raw)
 
-    monkeypatch.setattr(readahead, "_read_range", read_range)
+    monkeypatch.setattr(readahead, "read_range", read_range)
     monkeypatch.setattr(readahead, "_file_meta", file_meta)
     reader = _reader(units, 1 << 20)
     got = []
@@ -285,13 +285,13 @@ def test_first_fetches_join_nearby_ranges_into_few_requests(local, monkeypatch):
     """The building process fetches many small units in a few requests (`first_requests`): here 30 units
     of 4 files in at most a request per file and FIRST_PART bytes; each unit's bytes are the file's."""
     _, units = local
-    real, calls = readahead._read_range, []
+    real, calls = readahead.read_range, []
 
     def counted(handle, off, n):
         calls.append(n)
         return real(handle, off, n)
 
-    monkeypatch.setattr(first_fetches, "_read_range", counted)
+    monkeypatch.setattr(first_fetches, "read_range", counted)
     handles = [f.open() for f in units.files]
     items = []
     for u in range(len(units.rows)):
@@ -318,7 +318,7 @@ def test_bytes_held_stay_within_the_budget(local, monkeypatch):
     _, units = local
     sizes = [_unit_bytes(units, u) for u in range(len(units.rows))]
     budget = int(2.5 * max(sizes))
-    real = readahead._read_range
+    real = readahead.read_range
     fetched = []
 
     def slow(handle, off, n):  # slower than reading: the read-ahead fills up to its budget
@@ -326,7 +326,7 @@ def test_bytes_held_stay_within_the_budget(local, monkeypatch):
         fetched.append(n)
         return real(handle, off, n)
 
-    monkeypatch.setattr(readahead, "_read_range", slow)
+    monkeypatch.setattr(readahead, "read_range", slow)
     reader = _reader(units, budget)
     reader.reset(None)
     held = []
@@ -752,13 +752,13 @@ def test_line_units_longer_than_a_part_are_fetched_in_parts_and_read_the_same(li
     want, _ = docs()
     monkeypatch.setenv(readahead.ENV, "all")
     monkeypatch.setattr(unit_readahead, "PART_BYTES", 97)
-    real, sizes = readahead._read_range, []
+    real, sizes = readahead.read_range, []
 
     def counted(handle, off, n):
         sizes.append(n)
         return real(handle, off, n)
 
-    monkeypatch.setattr(unit_readahead, "_read_range", counted)
+    monkeypatch.setattr(unit_readahead, "read_range", counted)
     got, node = docs()
     assert got == want and sizes.count(97) > 2, sizes
     assert node.readahead_stats()["ready"] + node.readahead_stats()["waited"] > 0
@@ -770,7 +770,7 @@ def test_line_units_longer_than_a_part_are_fetched_in_parts_and_read_the_same(li
         def read_at(self, n, off):
             return self.handle.read_at(n, off)[:-1]
 
-    monkeypatch.setattr(unit_readahead, "_read_range", lambda handle, off, n: real(Short(handle), off, n))
+    monkeypatch.setattr(unit_readahead, "read_range", lambda handle, off, n: real(Short(handle), off, n))
     with pytest.raises(RuntimeError, match=r"cannot read .*part-\d+\.jsonl.*bytes of 97"):
         docs()
 

@@ -255,8 +255,8 @@ def test_a_long_line_unit_is_fetched_first_in_parts_at_once(tmp_path, monkeypatc
     units = list_jsonl_units(resolve_files(str(path), "jsonl"), rows_per_unit=1000)
     assert len(units.rows) == 2 and min(units.end - units.start) > unit_readahead.PART_BYTES
     units.handles = {0: units.files[0].open()}  # as a remote listing keeps them
-    asked, real = [], first_fetches._read_range
-    monkeypatch.setattr(first_fetches, "_read_range", lambda h, off, n: (asked.append(n), real(h, off, n))[1])
+    asked, real = [], first_fetches.read_range
+    monkeypatch.setattr(first_fetches, "read_range", lambda h, off, n: (asked.append(n), real(h, off, n))[1])
     first = first_fetches.start_first_fetches(units, "text", shards=[0], num_shards=1, seed=0, epochs=1)
     assert first is not None and first.wait(30) and first.errors == 0
     assert max(asked) <= unit_readahead.PART_BYTES and len(asked) >= 2, asked

@@ -42,7 +42,7 @@ import pyarrow.parquet as pq
 
 from ..process_hooks import at_fork
 from ..shard import ShardUnits, WorkSlice
-from .readahead import DEPTH, Key, _parts, _pool, _read_range, budget_for, chunk_ranges
+from .readahead import DEPTH, Key, split_parts, fetch_pool, read_range, budget_for, chunk_ranges
 from . import unit_readahead
 
 log = logging.getLogger(__name__)
@@ -78,7 +78,7 @@ def first_requests(items: Sequence[Tuple[Key, Any, int, List[Tuple[int, int]]]])
     handles: Dict[int, Any] = {}
     for key, handle, _, ranges in items:
         handles[key[0]] = handle
-        by_file.setdefault(key[0], []).extend((off, n, key) for off, n in _parts(ranges))
+        by_file.setdefault(key[0], []).extend((off, n, key) for off, n in split_parts(ranges))
     out: List[tuple] = []
     for i, spans in by_file.items():
         spans.sort()
@@ -149,13 +149,13 @@ class FirstFetches:
             return 0
         file_size = {key: size for key, _, size, _ in items}
         got: Dict[Key, List[Tuple[int, bytes]]] = {key: [] for key, _, _, _ in items}
-        missing = {key: len(_parts(ranges)) for key, _, _, ranges in items}
+        missing = {key: len(split_parts(ranges)) for key, _, _, ranges in items}
         failed: set = set()
 
         def fetch(handle: Any, off: int, n: int, members: List[Tuple[Key, int, int]]) -> None:
             data = None
             try:
-                data = _read_range(handle, off, n)
+                data = read_range(handle, off, n)
             except BaseException:  # noqa: BLE001 - the worker fetches these units itself
                 pass
             with self._cond:
@@ -181,7 +181,7 @@ class FirstFetches:
                     close = None
             _close_all(close or ())
 
-        pool = _pool()
+        pool = fetch_pool()
         for handle, off, n, members in requests:
             pool.submit(lambda a=(handle, off, n, members): fetch(*a))
         return len(items)

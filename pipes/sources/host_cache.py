@@ -9,7 +9,7 @@ first process of a host to need an entry fetches it and writes it, and the other
 lock file, ``fcntl.flock``) and read it: one request per entry and host, whatever the ranks. A
 mutable listing (a branch name, a plain URL, S3) is never kept.
 
-Where: ``$TOKENLOOM_CACHE/remote/`` (tokenizer_cache.py's `cache_root`; ``TOKENLOOM_CACHE=0``
+Where: ``$TOKENLOOM_CACHE/remote/`` (pipes/cache_dir.py; ``TOKENLOOM_CACHE=0``
 switches it off). A directory that cannot be written, an unreadable entry or a failed lock costs
 the request, nothing else.
 """
@@ -23,7 +23,7 @@ import os
 import tempfile
 from typing import Callable, Iterator, Optional
 
-from ..tokenizer_cache import cache_root
+from ..cache_dir import cache_root
 
 log = logging.getLogger(__name__)
 

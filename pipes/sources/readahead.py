@@ -187,7 +187,7 @@ def _hooks() -> None:
     at_fork("readahead", after_in_child=_after_fork)
 
 
-def _pool() -> _Pool:
+def fetch_pool() -> _Pool:
     global _POOL
     _hooks()
     with _POOL_LOCK:
@@ -217,7 +217,7 @@ def _after_fork() -> None:
     _POOL, _POOL_LOCK, _WAITING = None, threading.Lock(), weakref.WeakSet()
 
 
-def _in_loader_worker() -> bool:
+def in_loader_worker() -> bool:
     """Whether this is a DataLoader worker process (where a reset is followed by reading)."""
     data = sys.modules.get("torch.utils.data")
     return data is not None and data.get_worker_info() is not None
@@ -282,7 +282,7 @@ def chunk_ranges(meta: pq.FileMetaData, row_group: int, columns: Optional[Sequen
     return [(a, b - a) for a, b in merged]
 
 
-def _parts(ranges: List[Tuple[int, int]]) -> List[Tuple[int, int]]:
+def split_parts(ranges: List[Tuple[int, int]]) -> List[Tuple[int, int]]:
     out = []
     for off, n in ranges:
         for k in range(0, n, PART_BYTES):
@@ -290,7 +290,7 @@ def _parts(ranges: List[Tuple[int, int]]) -> List[Tuple[int, int]]:
     return out
 
 
-def _read_range(handle: Any, off: int, n: int) -> bytes:
+def read_range(handle: Any, off: int, n: int) -> bytes:
     data = handle.read_at(n, off)
     if len(data) != n:
         raise OSError(f"read {len(data)} bytes of {n} at offset {off}: the file is shorter than its footer says")
@@ -442,7 +442,7 @@ class RowGroupReadAhead:
             for i, fut in list(self._files.items()):  # a failed footer is tried again, as a reopen would
                 if fut.done() and fut.exception() is not None:
                     del self._files[i]
-        if _in_loader_worker():
+        if in_loader_worker():
             self._start()
         else:
             _hooks()
@@ -529,7 +529,7 @@ class RowGroupReadAhead:
             self._files.move_to_end(i)
             return fut
         fut = self._files[i] = Future()
-        _pool().submit(lambda: self._open_file(i, fut))
+        fetch_pool().submit(lambda: self._open_file(i, fut))
         if len(self._files) > self.max_files:
             for old, f in list(self._files.items())[:-1]:
                 if f.done():
@@ -589,11 +589,11 @@ class RowGroupReadAhead:
             self._held += f.size
             self.counts["peak_bytes"] = max(self.counts["peak_bytes"], self._held)
             self.counts["fetched_bytes"] += f.size
-            parts = _parts(ranges)
+            parts = split_parts(ranges)
             f.offsets = [off for off, _ in parts]
             f.parts, f.left = [None] * len(parts), len(parts)
             self._pending[key] = f
-            pool = _pool()
+            pool = fetch_pool()
             for j, (off, n) in enumerate(parts):
                 pool.submit(lambda f=f, j=j, off=off, n=n: self._fetch_part(f, j, off, n))
 
@@ -626,7 +626,7 @@ class RowGroupReadAhead:
     def _fetch_part(self, f: _Fetch, j: int, off: int, n: int) -> None:  # in a pool thread
         data, error = None, None
         try:
-            data = _read_range(f.handle, off, n)
+            data = read_range(f.handle, off, n)
         except BaseException as e:  # noqa: BLE001
             error = e
         with self._lock:
@@ -651,7 +651,7 @@ class RowGroupReadAhead:
         with self._lock:
             fut = self._file(key[0])
         handle, meta, size = fut.result()
-        chunks = [(off, _read_range(handle, off, n)) for off, n in chunk_ranges(meta, key[1], self.columns, size)]
+        chunks = [(off, read_range(handle, off, n)) for off, n in chunk_ranges(meta, key[1], self.columns, size)]
         with self._lock:
             self.counts["fetched_bytes"] += sum(len(data) for _, data in chunks)
         return self._decode(handle, meta, size, key[1], chunks, whole)

@@ -35,7 +35,7 @@ from collections import OrderedDict, deque
 from concurrent.futures import Future
 from typing import Any, Callable, Deque, Dict, Iterable, Iterator, Optional
 
-from .readahead import DEPTH, OPEN_FILES, _in_loader_worker, _pool, _read_range, fill_plan
+from .readahead import DEPTH, OPEN_FILES, in_loader_worker, fetch_pool, read_range, fill_plan
 
 #: A unit longer than this, that the reader will wait for, is fetched as several range reads at once (a
 #: store's bandwidth is per connection: a 4 MB unit took 0.2 s on one connection at 20 MB/s, 0.05 s in 1 MiB
@@ -79,7 +79,7 @@ class UnitReadAhead:
             self._drop_all()
             self._planned = False
             self._last = (None, b"")
-            if _in_loader_worker():
+            if in_loader_worker():
                 self._keys, self._key, self._planned = iter(self.upcoming()), None, True
                 self._schedule()
 
@@ -139,7 +139,7 @@ class UnitReadAhead:
 
     def _schedule(self) -> None:
         self._key = fill_plan(self._ahead, self._keys, self.depth, self._key)
-        pool = _pool()
+        pool = fetch_pool()
         for u in self._ahead:
             if u in self._pending:
                 continue
@@ -196,7 +196,7 @@ class UnitReadAhead:
 
     def _fetch_part(self, whole: "_Parts", file: int, at: int, off: int, n: int) -> None:
         try:
-            whole.put(at, _read_range(self._handle(file), off, n))  # a short part would leave a hole: an error
+            whole.put(at, read_range(self._handle(file), off, n))  # a short part would leave a hole: an error
         except BaseException as e:  # noqa: BLE001 - raised where the reader reads the unit
             whole.fail(e)
 
