@@ -111,7 +111,8 @@ def test_injected_faults_change_nothing(files, tok_path, hub_env, kinds):
         assert server.faults >= 12, server.faults
 
 
-def test_a_hub_revision_that_moved_is_refused_at_resume_naming_the_file(files, tok_path, hub_env, tmp_path):
+def test_a_hub_revision_that_moved_is_refused_at_resume_naming_the_file(files, tok_path, hub_env, tmp_path,
+                                                                       monkeypatch):
     folder, texts = files
     moved = tmp_path / "moved"
     shutil.copytree(folder, moved)
@@ -131,6 +132,7 @@ def test_a_hub_revision_that_moved_is_refused_at_resume_naming_the_file(files, t
         del it
         revisions["main"] = (SHA_B, str(moved))
         revisions[SHA_B] = (SHA_B, str(moved))
+        monkeypatch.setenv("TOKENLOOM_CACHE", str(tmp_path / "later"))  # past the host's shared answer
         resumed = build()
         with pytest.raises(ValueError, match="part-001.parquet"):
             resumed.load_state_dict(state)
@@ -317,3 +319,28 @@ def test_the_host_cache_fetches_an_entry_once_for_concurrent_processes(tmp_path,
     with pytest.raises(RuntimeError):
         shared("t", "other", lambda: (_ for _ in ()).throw(RuntimeError("store down")))
     assert shared("t", "other", lambda: b"later") == b"later", "a failed fetch is not kept"
+
+
+def test_ranks_of_one_host_starting_together_pin_the_same_commit_and_version(files, tok_path, hub_env, tmp_path,
+                                                                              monkeypatch):
+    folder, _ = files
+    monkeypatch.setenv("TOKENLOOM_CACHE", str(tmp_path / "cache"))
+    revisions = {"main": (SHA_A, folder)}
+    with Server(folder, {"org/web": revisions}) as server:
+        hub_env(server)
+        first = resolve_files("hf://datasets/org/web/*.parquet")
+        revisions["main"] = (SHA_B, folder)  # a push between two ranks' starts
+        second = resolve_files("hf://datasets/org/web/*.parquet")
+        assert [f.uri for f in first] == [f.uri for f in second] and SHA_A in first[0].uri
+        assert len([p for _, p, _ in server.log if p.startswith("/api/datasets/org/web") and "/tree/" not in p]) == 1
+        url = f"{server.url}/files/part-000.parquet"
+        a = resolve_files([url])
+        heads = len([m for m, _, _ in server.log if m == "HEAD"])
+        b = resolve_files([url])
+        assert len([m for m, _, _ in server.log if m == "HEAD"]) == heads, "the second rank asked again"
+        assert a[0].size == b[0].size
+        assert b[0].fs.handler.etags[url] == a[0].fs.handler.etags[url]
+    monkeypatch.setenv("TOKENLOOM_CACHE", str(tmp_path / "later"))
+    with Server(folder, {"org/web": revisions}) as server:
+        hub_env(server)
+        assert SHA_B in resolve_files("hf://datasets/org/web/*.parquet")[0].uri, "a later start sees the push"

@@ -40,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import json
 import os
 import re
 import threading
@@ -50,6 +51,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 import pyarrow.fs as pafs
 
 from .from_uri import copy_filesystem, filesystem_from_uri
+from .host_cache import SHARED_FOR_S, shared
 from .http_store import http_filesystem, ranged_opener
 from .retry import RetryPolicy
 
@@ -422,11 +424,19 @@ def _resolve_http(spec: str, retry: Optional[RetryPolicy] = None) -> List[Source
         raise FileNotFoundError(f"source {spec!r}: a folder over plain HTTP cannot be listed; name each file by "
                                 "its URL (a list of URLs is a source)")
     fs = http_filesystem(retry=retry)
-    info = fs.get_file_info(spec)
-    if info.type != pafs.FileType.File:
-        raise FileNotFoundError(f"source {spec!r} does not exist (the server answered 404)")
+
+    def head() -> bytes:
+        info = fs.get_file_info(spec)
+        if info.type != pafs.FileType.File:
+            raise FileNotFoundError(f"source {spec!r} does not exist (the server answered 404)")
+        return json.dumps([int(info.size), info.mtime_ns, fs.handler.etags.get(spec)]).encode()
+
+    # the ranks of a job on one host that start together read the same version (host_cache.py)
+    size, mtime_ns, etag = json.loads(shared("http-head", spec, head, max_age_s=SHARED_FOR_S))
+    if etag:
+        fs.handler.etags[spec] = etag
     name = spec.split("?", 1)[0].rstrip("/").rpartition("/")[2]
-    return [SourceFile(path=spec, size=int(info.size), name=name, fs=fs, uri=spec, mtime_ns=info.mtime_ns)]
+    return [SourceFile(path=spec, size=int(size), name=name, fs=fs, uri=spec, mtime_ns=mtime_ns)]
 
 
 def _resolve_hf(spec: str, fmt: str, retry: Optional[RetryPolicy] = None) -> List[SourceFile]:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any, List, NamedTuple, Optional, Tuple
 from urllib.parse import quote
 
-from .host_cache import shared
+from .host_cache import SHARED_FOR_S, shared
 from .http_store import http_filesystem
 from .retry import RetryPolicy, TransientError
 
@@ -121,16 +121,19 @@ def list_hf(uri: str, suffixes: Tuple[str, ...], match, retry: Optional[RetryPol
     if where.revision is not None and _SHA.match(where.revision):
         sha = where.revision  # pinned already: no lookup (a wrong sha fails the listing, naming it)
     else:
-        try:
-            info = _transient(lambda: api.repo_info(where.repo_id, revision=where.revision,
+        def lookup() -> bytes:
+            return _transient(lambda: api.repo_info(where.repo_id, revision=where.revision,
                                                     repo_type=where.repo_type),
-                              f"{uri}: the revision lookup", retry)
+                              f"{uri}: the revision lookup", retry).sha.encode()
+        try:
+            # ranks of one host starting together pin the same commit (host_cache.py)
+            key = f"{api.endpoint}\0{where.repo_type}\0{where.repo_id}\0{where.revision or 'main'}"
+            sha = shared("hub-revision", key, lookup, max_age_s=SHARED_FOR_S).decode()
         except RepositoryNotFoundError as e:
             raise FileNotFoundError(f"source {uri!r}: repository {where.repo_id!r} not found on {api.endpoint} (or it "
                                     "is private or gated: set HF_TOKEN, or run `hf auth login`, with access to it)") from e
         except RevisionNotFoundError as e:
             raise FileNotFoundError(f"source {uri!r}: revision {where.revision!r} not found in {where.repo_id!r}") from e
-        sha = info.sha
         log.info("%s: pinned to revision %s (%s at the start); write @%s in the URI to read the same files on every "
                  "run", uri, sha, where.revision or "main", sha)
     segments = where.path.split("/") if where.path else []
