@@ -18,7 +18,9 @@ best run is reported (this machine's speed drifts; other jobs only slow a run), 
 the same store without latency and to local disk. Every run's batches are hashed: all variants
 must give the same stream.
 
-Targets (issue 43): at 100 ms + 20 MB/s, >= 0.95x the tokens/s of the same store without latency;
+Targets (issue 43): at 100 ms + 20 MB/s, >= 0.95x the tokens/s of the same store without latency,
+judged on the median over rounds of the two runs of one round (best run against best run is given
+beside it: one fast outlier decides that one);
 the first batch within local disk's + 6 round trips.
 
     python benchmarks/remote_http.py             # 3 rounds
@@ -157,12 +159,20 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--latency", type=float, default=0.1)
     ap.add_argument("--bandwidth", type=float, default=20e6)
     ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--render", action="store_true", help="summarize benchmarks/remote_http.json again and write")
     ap.add_argument("--task", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.task:
         params = json.loads(args.task)
         task = task_ranks if "ranks" in params else task_run
         print(json.dumps(task(**params)))
+        return 0
+    if args.render:
+        with open(os.path.join(HERE, "remote_http.json")) as f:
+            saved = json.load(f)
+        runs = {k: v["runs"] for k, v in saved["variants"].items()}
+        write(summarize(runs, saved["ranks_8x4"], saved["rounds"], saved["batches"], saved["latency_s"],
+                        saved["bandwidth"]), quick=saved["rounds"] == 1)
         return 0
     rounds = args.rounds or (1 if args.quick else 3)
     batches = args.batches or (150 if args.quick else 400)
@@ -193,12 +203,33 @@ def main(argv: Optional[List[str]] = None) -> int:
     finally:
         for p in (fast, slow):
             p.terminate()
+    out = summarize(runs, ranks, rounds, batches, args.latency, args.bandwidth)
+    print(json.dumps({k: v for k, v in out.items() if k != "variants"} | {
+        "variants": {k: {kk: vv for kk, vv in v.items() if kk != "runs"} for k, v in out["variants"].items()}}, indent=1))
+    if not args.no_write:
+        write(out, args.quick)
+    return 0 if out["same_batches"] else 1
+
+
+def write(out: dict, quick: bool) -> None:
+    with open(os.path.join(HERE, "remote_http.json"), "w") as f:
+        json.dump(out, f, indent=1)
+    plot(out, os.path.join(HERE, "remote_http.png"))
+    cmd = "python benchmarks/remote_http.py" + (" --quick" if quick else "")
+    write_section(os.path.join(HERE, "RESULTS.md"), "remote_http", markdown(out, cmd))
+
+
+def summarize(runs: Dict[str, List[dict]], ranks: dict, rounds: int, batches: int, latency: float,
+              bandwidth: float) -> dict:
+    """Best run per variant, and per store the slow server against the fast one: best against best,
+    and the median over rounds of the two runs of one round (the machine drifts between rounds)."""
+    import statistics
     digests = {r["digest"] for v in runs.values() for r in v}
     best = {k: max(v, key=lambda r: r["tokens_per_s"]) for k, v in runs.items()}
     first = {k: min(r["first_s"] for r in v) for k, v in runs.items()}
     out = {
         "machine": f"{platform.machine()}, {os.cpu_count()} cores", "rounds": rounds, "batches": batches,
-        "latency_s": args.latency, "bandwidth": args.bandwidth, "same_batches": len(digests) == 1,
+        "latency_s": latency, "bandwidth": bandwidth, "same_batches": len(digests) == 1,
         "ranks_8x4": ranks,
         "variants": {k: {"tokens_per_s": best[k]["tokens_per_s"], "first_s": first[k],
                          "requests_first": best[k]["requests_first"], "requests_per_gb": best[k]["requests_per_gb"],
@@ -208,18 +239,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     for store in ("http", "hf"):
         slow_v, fast_v = out["variants"][f"{store} slow"], out["variants"][f"{store} fast"]
         ratio = slow_v["tokens_per_s"] / fast_v["tokens_per_s"]
-        budget = local["first_s"] + TARGET_RTTS * args.latency
-        out[store] = {"slow_vs_fast": ratio, "slow_vs_local": slow_v["tokens_per_s"] / local["tokens_per_s"],
-                      "first_budget_s": budget, "pass": bool(ratio >= TARGET_RATIO and slow_v["first_s"] <= budget)}
-    print(json.dumps({k: v for k, v in out.items() if k != "variants"} | {
-        "variants": {k: {kk: vv for kk, vv in v.items() if kk != "runs"} for k, v in out["variants"].items()}}, indent=1))
-    if not args.no_write:
-        with open(os.path.join(HERE, "remote_http.json"), "w") as f:
-            json.dump(out, f, indent=1)
-        plot(out, os.path.join(HERE, "remote_http.png"))
-        cmd = "python benchmarks/remote_http.py" + (" --quick" if args.quick else "")
-        write_section(os.path.join(HERE, "RESULTS.md"), "remote_http", markdown(out, cmd))
-    return 0 if out["same_batches"] else 1
+        within = statistics.median(s["tokens_per_s"] / f["tokens_per_s"]
+                                   for s, f in zip(runs[f"{store} slow"], runs[f"{store} fast"]))
+        budget = local["first_s"] + TARGET_RTTS * latency
+        out[store] = {"slow_vs_fast": ratio, "slow_vs_fast_within_rounds": within,
+                      "slow_vs_local": slow_v["tokens_per_s"] / local["tokens_per_s"], "first_budget_s": budget,
+                      "pass": bool(within >= TARGET_RATIO and slow_v["first_s"] <= budget)}
+    return out
 
 
 def markdown(out: dict, command: str) -> str:
@@ -233,12 +259,12 @@ def markdown(out: dict, command: str) -> str:
     for k, v in out["variants"].items():
         lines.append(f"| {k} | {v['tokens_per_s'] / 1e6:.2f} | {v['first_s']:.2f} | {v['requests_first']} | "
                      f"{v['requests_per_gb']:.0f} |")
-    lines += ["", "| store | slow / fast tokens/s | slow / local | first-batch budget (local + 6 RTT) | targets |",
-              "|---|---|---|---|---|"]
+    lines += ["", "| store | slow / fast tokens/s (best runs) | within rounds (median) | slow / local | "
+              "first-batch budget (local + 6 RTT) | targets |", "|---|---|---|---|---|---|"]
     for store in ("http", "hf"):
         s = out[store]
-        lines.append(f"| {store} | {s['slow_vs_fast']:.2f}x | {s['slow_vs_local']:.2f}x | {s['first_budget_s']:.2f} s | "
-                     f"{'pass' if s['pass'] else 'FAIL'} |")
+        lines.append(f"| {store} | {s['slow_vs_fast']:.2f}x | {s['slow_vs_fast_within_rounds']:.2f}x | "
+                     f"{s['slow_vs_local']:.2f}x | {s['first_budget_s']:.2f} s | {'pass' if s['pass'] else 'FAIL'} |")
     lines += ["", "A job of 8 ranks x 4 workers on one host (ranks built one after the other, the host cache fresh): "
               "requests the server counted until every rank had its first batch: "
               + ", ".join(f"{k} {v['total']} ({v['per_rank'][0]} for the first rank, then "
