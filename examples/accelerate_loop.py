@@ -33,6 +33,9 @@ def train(out: str, steps: int, save_at=None, resume=False):
         optimizer.step()
         optimizer.zero_grad()
         seen.append(batch["input_ids"])
+        if len(seen) % 4 == 0:  # the loader's figures, flat, for any tracker (init_trackers)
+            accelerator.log(loader.figures(), step=len(seen))
+            accelerator.print(f"step {len(seen)}:", {k: round(v, 4) for k, v in loader.figures().items()})
         if len(seen) == save_at:
             accelerator.save_state(os.path.join(out, "accelerate"))
         if len(seen) == steps:

@@ -33,3 +33,5 @@ if __name__ == "__main__":
     again = train(out, resume=True)   # in your job: a new process after a preemption
     loss = lambda history: [h["loss"] for h in history if "loss" in h][-1]  # noqa: E731
     print(f"step 8 loss: uninterrupted {loss(first):.4f}, resumed from step 4 {loss(again):.4f}")
+    logged = [h for h in first if "loss" in h][-1]  # the loader's figures are logged beside the loss
+    print("logged at step 8:", {k: round(v, 4) for k, v in logged.items() if k.startswith("data/")})

@@ -25,6 +25,10 @@ class Module(pl.LightningModule):
 
     def training_step(self, batch, batch_idx):
         self.seen.append(batch["input_ids"].clone())
+        # the loader's figures, flat (data/wait_ms, data/share/<name>, ...), to the Trainer's logger
+        self.log_dict(self.trainer.datamodule.loader.figures(), on_step=True)
+        if batch_idx % 4 == 3:
+            print(f"step {batch_idx + 1}:", {k: round(v, 4) for k, v in self.trainer.datamodule.loader.figures().items()})
         b = batch  # labels are already shifted: shift_labels uses them as they are
         return self.model(input_ids=b["input_ids"], position_ids=b["position_ids"], labels=b["labels"],
                           shift_labels=b["labels"]).loss

@@ -33,6 +33,7 @@ def _run(cmd, timeout=300):
 def test_example_resumes_exactly(script, tmp_path):
     out = _run([sys.executable, os.path.join(EXAMPLES, script), str(tmp_path)])
     assert "equal the uninterrupted run's: True" in out, out
+    assert "'data/wait_ms'" in out and "'data/share/default'" in out, "the loader's figures are not logged"
 
 
 @pytest.mark.slow
@@ -40,6 +41,7 @@ def test_hf_trainer_example_resumes_exactly(tmp_path):
     out = _run([sys.executable, os.path.join(EXAMPLES, "hf_trainer.py"), str(tmp_path)])
     m = re.search(r"step 8 loss: uninterrupted ([\d.]+), resumed from step 4 ([\d.]+)", out)
     assert m and m.group(1) == m.group(2), out
+    assert re.search(r"logged at step 8: .*'data/wait_ms'.*'data/share/default'", out), out
 
 
 @pytest.mark.slow

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import time
 import warnings
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence
 
@@ -45,6 +46,7 @@ from .iteration import StatsIterator, WorkerInit, identity
 from .fork_guard import picklable, unsafe_pools
 from .stall import DEFAULT_STALL_TIMEOUT, StallWatch, check_stall_timeout
 from .tally import Tally
+from .wait_clock import WaitClock
 from .node_dataset import GraphFactory, NodeDataset, ShardContext  # noqa: F401 (re-exported)
 from ..compat.accelerate import AcceleratePrepared
 from ..compat.torchdata import IteratorHook, current_iterator, keep_snapshots_flat, nested_snapshot
@@ -155,6 +157,8 @@ class TokenLoomLoader(AcceleratePrepared, IteratorHook, StatefulDataLoader):
         self._lineage = ""
         # Set by iter() when a trainer's loop fetches batches ahead of its step (fetch_ahead.py).
         self._fetch_ahead: Optional[FetchAhead] = None
+        self.wait_clock = WaitClock()  # how long the training loop waits in next() (wait_clock.py)
+        self._rate_mark: Optional[tuple] = None  # (time, tokens delivered) at the last figures() call
 
     # --- iteration ---------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
@@ -267,6 +271,40 @@ class TokenLoomLoader(AcceleratePrepared, IteratorHook, StatefulDataLoader):
             out = view(totals, self._steps)
         if self.rank_sync is not None:
             out["rank_padding_batches"] = self._padding_batches
+        return out
+
+    def figures(self, prefix: str = "data/") -> Dict[str, float]:
+        """The figures a training run watches, flat, for a logger (TensorBoard's ``add_scalar`` per key,
+        W&B's and Accelerate's ``log``, Lightning's ``log_dict`` take the dict as it is)::
+
+            for step, batch in enumerate(loader):
+                ...
+                if step % 100 == 0:
+                    wandb.log(loader.figures(), step=step)
+
+        Keys (``prefix`` + ...): ``wait_ms``, ``wait_p99_ms`` (the time ``next()`` took, mean and p99
+        over the last 100 steps), ``wait_share`` (of the loop's time, over the same steps: ~0 when the
+        data keeps up, the loader's share of the time when it does not), ``wait_total_s``,
+        ``first_batch_s`` (wait_clock.py); ``tokens_per_s`` (tokens delivered since the previous
+        call, per second), ``padding``, ``discarded`` (shares of the rows' positions); per source
+        ``share/<name>`` and ``target/<name>`` (delivered share of tokens, and the weight asked for).
+        Figures a recipe's statistics lack are left out."""
+        out = {prefix + k: float(v) for k, v in self.wait_clock.figures().items()}
+        stats = self.stats()
+        delivered = stats.get("tokens_out")
+        if isinstance(delivered, (int, float)):
+            now = time.perf_counter()
+            if self._rate_mark is not None and now > self._rate_mark[0]:
+                out[prefix + "tokens_per_s"] = (delivered - self._rate_mark[1]) / (now - self._rate_mark[0])
+            self._rate_mark = (now, delivered)
+            positions = delivered + stats.get("padding", 0)
+            for key in ("padding", "discarded"):
+                if isinstance(stats.get(key), (int, float)) and positions:
+                    out[prefix + key] = stats[key] / (positions + (stats["discarded"] if key == "discarded" else 0))
+        for name, source in (stats.get("sources") or {}).items():
+            for key in ("share", "target"):
+                if isinstance(source, dict) and isinstance(source.get(key), (int, float)):
+                    out[f"{prefix}{key}/{name}"] = float(source[key])
         return out
 
     def _next_round(self) -> None:

@@ -29,6 +29,7 @@ class StatsIterator:
         self._local_done = padding  # this rank's data has ended: padding until every rank's has
         self._ended = False
         self._generation = loader.generation
+        loader.wait_clock.new_iterator()
 
     def __iter__(self):
         return self
@@ -65,13 +66,17 @@ class StatsIterator:
         stop_workers(self._loader, self._it)
 
     def __next__(self):
+        clock = self._loader.wait_clock
+        entered = clock.enter()
         ahead = self._loader.fetch_ahead
         if ahead is None:
-            return self._next()
-        if not ahead.states:
+            batch = self._next()
+        else:
+            if not ahead.states:
+                ahead.keep(self._loader.encoded_state())
+            batch = self._next()
             ahead.keep(self._loader.encoded_state())
-        batch = self._next()
-        ahead.keep(self._loader.encoded_state())
+        clock.leave(entered)
         return batch
 
     def _next(self):

@@ -106,6 +106,14 @@ class TokenLoomTrainer(Trainer):
         self._resume_folder = folder
         return super().train(resume_from_checkpoint, *args, **kwargs)
 
+    def log(self, logs: Dict[str, float], *args: Any, **kwargs: Any) -> None:
+        """Trainer's log, with the loader's figures (``data/wait_ms``, ``data/share/<name>``, ...:
+        `TokenLoomLoader.figures`) beside the training loss, for every reporter and the log history."""
+        figures = getattr(self.train_loader, "figures", None)
+        if figures is not None and "loss" in logs:
+            logs = {**logs, **figures()}
+        super().log(logs, *args, **kwargs)
+
     def get_train_dataloader(self) -> Any:
         if self._resume_folder is not None:
             load_loader_state(self.train_loader, self._resume_folder)

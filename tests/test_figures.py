@@ -1,0 +1,92 @@
+"""The figures a training run watches (``loader.figures()``, pipes/loader/wait_clock.py): the wait in
+``next()`` is the time ``next()`` takes as the loop sees it; a slow step waits about nothing; a slow
+loader is the expected share of the loop's time; the flat dict carries the mix and packing figures."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tokenloom.recipes import pretrain
+
+ARGS = dict(seq_len=128, batch_size=4, seed=1)
+
+
+@pytest.fixture(scope="module")
+def two_sources(tmp_path_factory):
+    from .conftest import synthetic_texts, write_corpus
+    root = tmp_path_factory.mktemp("figures")
+    for name, seed in (("web", 1), ("code", 2)):
+        write_corpus(str(root / name), synthetic_texts(800, seed=seed, tag=name), files=2, row_group_size=64)
+    return {"web": str(root / "web" / "*.parquet"), "code": str(root / "code" / "*.parquet")}
+
+
+def _drive(loader, steps: int, step_s: float):
+    """Run the loop ``steps`` batches with a step of ``step_s``; the time each ``next()`` took and each
+    step, as the loop measures them."""
+    it = iter(loader)
+    waits, stepped = [], []
+    for _ in range(steps):
+        t = time.perf_counter()
+        next(it)
+        waits.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        time.sleep(step_s)
+        stepped.append(time.perf_counter() - t)
+    return waits, stepped
+
+
+def test_the_wait_is_the_time_next_takes_and_a_slow_loader_its_share(two_sources, tok_path):
+    loader = pretrain(two_sources, tokenizer=tok_path, num_workers=0, **ARGS)
+    waits, stepped = _drive(loader, 120, 0.004)
+    got = loader.figures()
+    assert got["data/first_batch_s"] == pytest.approx(waits[0], rel=0.2, abs=0.005)
+    assert got["data/wait_total_s"] == pytest.approx(sum(waits), rel=0.05, abs=0.005)
+    window = waits[-100:]
+    assert got["data/wait_ms"] == pytest.approx(1e3 * sum(window) / len(window), rel=0.1, abs=0.2)
+    expected = sum(window) / (sum(window) + sum(stepped[-101:-1]))  # the loop's time: the making of each batch
+    assert got["data/wait_share"] == pytest.approx(expected, abs=0.05)
+    assert got["data/wait_share"] > 0.2, "with num_workers=0 the loop makes every batch: a large share"
+    assert got["data/wait_p99_ms"] >= got["data/wait_ms"]
+
+
+def test_a_slow_step_waits_about_nothing(two_sources, tok_path):
+    loader = pretrain(two_sources, tokenizer=tok_path, num_workers=2, **ARGS)
+    _drive(loader, 140, 0.02)
+    got = loader.figures()
+    assert got["data/wait_share"] < 0.15, got
+    assert got["data/wait_ms"] < 3.0, got
+    assert got["data/first_batch_s"] > got["data/wait_p99_ms"] / 1e3
+
+
+def test_the_flat_figures_carry_the_mix_and_the_rate(two_sources, tok_path):
+    loader = pretrain(two_sources, tokenizer=tok_path, weights={"web": 0.7, "code": 0.3}, num_workers=0, **ARGS)
+    it = iter(loader)
+    for _ in range(5):
+        next(it)
+    first = loader.figures(prefix="loader/")
+    assert "loader/tokens_per_s" not in first, "no rate before a second call"
+    for _ in range(30):
+        next(it)
+    got = loader.figures(prefix="loader/")
+    assert got["loader/target/web"] == 0.7 and got["loader/target/code"] == 0.3
+    assert got["loader/share/web"] + got["loader/share/code"] == pytest.approx(1.0)
+    assert got["loader/tokens_per_s"] > 0
+    assert 0 <= got["loader/padding"] < 1 and got["loader/discarded"] == 0
+    assert all(isinstance(v, float) for v in got.values()), "loggers take floats"
+    stats = loader.stats()
+    assert got["loader/share/web"] == pytest.approx(stats["sources"]["web"]["share"])
+
+
+def test_a_new_iterator_starts_no_step_across_the_gap(two_sources, tok_path):
+    loader = pretrain(two_sources, tokenizer=tok_path, num_workers=0, **ARGS)
+    it = iter(loader)
+    for _ in range(3):
+        next(it)
+    time.sleep(0.3)  # the loop away: an evaluation, a checkpoint
+    it = iter(loader)
+    next(it)
+    next(it)
+    got = loader.figures()
+    assert got["data/wait_share"] > 0.2, "the 0.3 s away is not a step"
