@@ -53,11 +53,11 @@ def test_the_wait_is_the_time_next_takes_and_a_slow_loader_its_share(two_sources
 
 def test_a_slow_step_waits_about_nothing(two_sources, tok_path):
     loader = pretrain(two_sources, tokenizer=tok_path, num_workers=2, **ARGS)
-    _drive(loader, 140, 0.02)
+    _drive(loader, 110, 0.04)
     got = loader.figures()
+    # what is left is receiving a batch from a worker (README: ~2-4 ms here without DevicePrefetcher)
     assert got["data/wait_share"] < 0.15, got
-    assert got["data/wait_ms"] < 3.0, got
-    assert got["data/first_batch_s"] > got["data/wait_p99_ms"] / 1e3
+    assert got["data/wait_ms"] < 6.0, got
 
 
 def test_the_flat_figures_carry_the_mix_and_the_rate(two_sources, tok_path):
@@ -90,3 +90,18 @@ def test_a_new_iterator_starts_no_step_across_the_gap(two_sources, tok_path):
     next(it)
     got = loader.figures()
     assert got["data/wait_share"] > 0.2, "the 0.3 s away is not a step"
+
+
+def test_behind_a_prefetcher_its_figures_time_the_loop_not_the_prefetch_thread(two_sources, tok_path):
+    from tokenloom.pipes.loader.prefetch import DevicePrefetcher
+    loader = pretrain(two_sources, tokenizer=tok_path, num_workers=0, **ARGS)
+    batches = DevicePrefetcher(loader, device="cpu", depth=2)
+    it = iter(batches)
+    for _ in range(60):
+        next(it)
+        time.sleep(0.02)  # a step far longer than making a batch: the thread keeps ahead
+    got = batches.figures()
+    assert got["data/wait_share"] < 0.1, got
+    # the loader's own clock times the prefetch thread's next(), which makes every batch here
+    assert loader.wait_clock.batches > batches.wait_clock.batches >= 60
+    assert got["data/share/web"] == loader.figures()["data/share/web"]

@@ -74,6 +74,7 @@ from typing import Any, Dict, Iterator, NamedTuple, Optional, Union
 import torch
 
 from ..process_hooks import at_exit
+from .wait_clock import WaitClock
 from .wakeup import quiet_wakeup
 
 
@@ -151,6 +152,7 @@ class DevicePrefetcher:
         self._loader_done = self._consumer_done = False
         self._handed_state: Optional[Dict[str, Any]] = None
         self._handed_stats: Optional[Dict[str, int]] = None
+        self.wait_clock = WaitClock()  # the loop's waits on this prefetcher (the loader's time its thread)
 
     # --- iteration ---------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
@@ -167,6 +169,7 @@ class DevicePrefetcher:
         self._loader_done = self._consumer_done = False
         self._fetcher = _Fetcher(self, source)
         self._fetcher.start()
+        self.wait_clock.new_iterator()
         return _PrefetchIter(self, self._fetcher, self._generation)
 
     def close(self) -> None:
@@ -223,6 +226,14 @@ class DevicePrefetcher:
         self._generation += 1
         self._loader_done = self._consumer_done = False
         self._handed_state, self._handed_stats = state, None
+
+    def figures(self, prefix: str = "data/") -> Dict[str, float]:
+        """The loader's figures (`TokenLoomLoader.figures`), with the waits the training loop had on
+        this prefetcher: the loader's own are those of the prefetch thread, which is always waiting."""
+        figures = getattr(self.loader, "figures", None)
+        out = dict(figures(prefix)) if figures is not None else {}
+        out.update({prefix + k: float(v) for k, v in self.wait_clock.figures().items()})
+        return out
 
     def stats(self) -> Dict[str, int]:
         """The loader's counters as of the last batch handed to the loop."""
@@ -351,6 +362,7 @@ class _PrefetchIter:
                                "prefetcher since; iterate the prefetcher again")
         if self._ended:
             raise StopIteration
+        entered = owner.wait_clock.enter()
         item = self.fetcher.take()
         if isinstance(item, _Failed):
             self._ended = True
@@ -362,6 +374,7 @@ class _PrefetchIter:
         batch = owner._hand_over(item)
         self.fetcher.free_slot(self._handed)  # the thread fetches the next batch during this step
         self._handed = batch
+        owner.wait_clock.leave(entered)
         return batch
 
     def __del__(self) -> None:
