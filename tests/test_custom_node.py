@@ -16,7 +16,7 @@ from tokenloom.pipes import (Batch, BestFitPack, Node, ReadParquet, ShardContext
                              TokenLoomLoader, list_parquet_units, load_encoder, resolve_files)
 from tokenloom.pipes.roles import PASS
 
-from .resume import check_loader_resume, check_node_resume
+from tokenloom.testing import check_loader_resume, check_node_resume  # the public helper, as users call it
 
 
 class LengthFilter(Node):
@@ -166,3 +166,36 @@ def test_a_node_that_nests_its_parent_but_declares_none_is_told_how():
 
     with pytest.raises(TypeError, match=r"declared no parent: pass it to the base class, super\(\).__init__\(parent\)"):
         Undeclared(ShardUnits(np.ones(3, np.int64), shard=0, num_shards=1, seed=0))
+
+
+class ForgetfulSampler(LengthFilter):
+    """Keeps every other document and counts them, but its state forgets the counter: the mistake a
+    node author makes, which the public helper must catch."""
+
+    SEEN = "seen"
+    STATE_KEYS = (LengthFilter.PARENT,)
+
+    def reset(self, initial_state=None):
+        self.parent.reset(None if initial_state is None else initial_state[self.PARENT])
+        self.seen = 0  # not restored: the bug
+
+    def next(self):
+        while True:
+            doc = next(self.parent)
+            self.seen += 1
+            if self.seen % 2:
+                return doc
+
+    def get_state(self):
+        return {self.PARENT: self.parent.state_dict()}
+
+
+def test_the_public_helper_names_the_step_a_forgetful_node_goes_wrong(corpus, tok_path):
+    glob, _ = corpus
+
+    def build():
+        units = list_parquet_units(resolve_files(glob), "text")
+        node = ReadParquet(ShardUnits(units.rows, shard=0, num_shards=1, seed=1, epochs=1), units, seed=1)
+        return ForgetfulSampler(Tokenize(node, load_encoder(tok_path), bos=0), 0)
+    with pytest.raises(AssertionError, match=r"restored at step 1: item 1 differs from the uninterrupted run"):
+        check_node_resume(build, max_steps=50)
