@@ -61,6 +61,15 @@ def one_error_line(err: str) -> str:
     return lines[0]
 
 
+# --- verify -------------------------------------------------------------------------
+
+def test_verify_checks_the_resumes_of_your_settings(two_sources, tmp_path, capsys):
+    assert main(["verify", *two_sources, *SMALL, "--workers", "2", "--quick"]) == 0
+    out = capsys.readouterr().out
+    assert "every resume gives the uninterrupted run's batches" in out
+    assert out.count("ok   resume at step") >= 3 and "right after a load" in out
+
+
 # --- run ----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("workers", [0, 2])

@@ -3,7 +3,8 @@
 Subcommands live in their own modules and add themselves with
 ``register(subparsers, common)``: ``demo`` (the main job on an embedded corpus),
 ``run`` (a recipe on your data), ``inspect`` (the first batch, decoded for a
-person), ``state`` (a saved loader state, for a person), ``tokenize`` (a token cache). Each sets
+person), ``state`` (a saved loader state, for a person), ``tokenize`` (a token cache), ``verify``
+(resumes checked on your data). Each sets
 ``args.run(args) -> exit code``.
 
 Errors are one line on stderr with exit code 2 (a bad flag, a missing file, a
@@ -30,7 +31,7 @@ import select
 import sys
 from typing import Optional, Sequence
 
-from . import demo_cmd, index_cmd, inspect_cmd, run_cmd, state_cmd, tokenize_cmd
+from . import demo_cmd, index_cmd, inspect_cmd, run_cmd, state_cmd, tokenize_cmd, verify_cmd
 from .cli_hints import for_cli
 
 EXIT_ERROR = 2
@@ -87,7 +88,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     common = Parser(add_help=False)
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show full tracebacks")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (demo_cmd, run_cmd, inspect_cmd, state_cmd, index_cmd, tokenize_cmd):
+    for module in (demo_cmd, run_cmd, inspect_cmd, state_cmd, index_cmd, tokenize_cmd, verify_cmd):
         module.register(sub, common)
 
     try:
