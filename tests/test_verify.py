@@ -52,6 +52,8 @@ def test_a_node_that_forgets_a_counter_fails_naming_the_step_and_the_row(corpus,
     # (what the forgetful node does to best-fit's replay) names the step and the error
     assert failed and all(" at step " in c.where for c in failed), str(bad)
     assert "usual causes" in str(bad) and "FAIL resume at step" in str(bad)
+    # the packer says what a restore it cannot rebuild means (beside its internal error)
+    assert all("upstream does not give the documents" in c.where for c in failed if "raised" in c.where), str(bad)
 
 
 def test_first_difference_names_key_row_and_position():

@@ -95,6 +95,12 @@ from .stats import load_stats, new_stats
 _NO_ROWS = np.zeros((0, 6), np.int64)
 
 
+#: What a restore that cannot rebuild the buffer means, and what to do.
+_NOT_THE_SAME = ("upstream does not give the documents it gave before the save. A node above does not restore "
+                 "exactly (its state misses something it changes: a counter, a random generator, a buffer), or the "
+                 "data changed; check your nodes with tokenloom.testing.check_node_resume")
+
+
 class BestFitPack(Node[Row]):
     """Rows of ``seq_len + 1`` tokens packed best-fit from a bounded buffer (module docstring).
 
@@ -432,13 +438,21 @@ class BestFitPack(Node[Row]):
     # --- the node ------------------------------------------------------------------
     def next(self) -> Row:
         self._moved = True
-        if self._replay_to:
+        replayed = bool(self._replay_to)
+        if replayed:
             self._replay()
         ended = self._top_up()
         if not self._slot_of:
             raise StopIteration
         # The buffer was just topped up: build_row need not ask again (nothing changes in between).
-        out = self._slots.build_row(self._top_up, self._overdue(), ended=ended)
+        try:
+            out = self._slots.build_row(self._top_up, self._overdue(), ended=ended)
+        except ValueError as e:
+            if not replayed:
+                raise
+            # the buffer rebuilt from what upstream gave again does not hold together
+            raise StateError(f"BestFitPack: the first row after a restore cannot be built ({e}): "
+                             f"{_NOT_THE_SAME}") from e
         for seq in out.freed_seqs:
             del self._slot_of[seq]
             del self._docs[seq]
