@@ -344,3 +344,14 @@ def test_ranks_of_one_host_starting_together_pin_the_same_commit_and_version(fil
     with Server(folder, {"org/web": revisions}) as server:
         hub_env(server)
         assert SHA_B in resolve_files("hf://datasets/org/web/*.parquet")[0].uri, "a later start sees the push"
+
+
+def test_a_kept_connection_serves_the_request_after_a_head_without_a_retry(files):
+    folder, _ = files
+    with Server(folder) as server:
+        handler = HttpHandler(retry=RetryPolicy(attempts=1))  # any failed request would raise
+        url = f"{server.url}/files/part-000.parquet"
+        size = handler.info(url).size
+        assert handler.read_range(url, 0, 4, size) == b"PAR1"
+        assert handler.info(url).size == size and handler.read_range(url, 4, 4, size)
+        assert [m for m, _, _ in server.log] == ["HEAD", "GET", "HEAD", "GET"]

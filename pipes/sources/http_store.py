@@ -137,7 +137,7 @@ class HttpHandler(pafs.FileSystemHandler):
             try:
                 conn.request(method, target, headers={**self.headers, **extra})
                 resp = conn.getresponse()
-                body = resp.read() if method != "HEAD" else b""
+                body = resp.read()  # for HEAD: b"", and it frees the connection for the next request
             except (http.client.HTTPException, OSError) as e:
                 self._drop(parts.scheme, parts.netloc)
                 raise TransientError(f"{method} {_shown(url)}: {type(e).__name__}: {e}") from e
