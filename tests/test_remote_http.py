@@ -355,3 +355,26 @@ def test_a_kept_connection_serves_the_request_after_a_head_without_a_retry(files
         assert handler.read_range(url, 0, 4, size) == b"PAR1"
         assert handler.info(url).size == size and handler.read_range(url, 4, 4, size)
         assert [m for m, _, _ in server.log] == ["HEAD", "GET", "HEAD", "GET"]
+
+
+@pytest.mark.parametrize("uri,revision,path", [
+    ("hf://datasets/org/web@v1.0/data/*.parquet", "v1.0", "data/*.parquet"),
+    ("hf://datasets/org/web@refs/convert/parquet/default/train/*.parquet", "refs/convert/parquet", "default/train/*.parquet"),
+    ("hf://datasets/org/web@refs%2Fconvert%2Fparquet/default/train/0000.parquet", "refs/convert/parquet",
+     "default/train/0000.parquet"),
+    ("hf://datasets/org/web@~parquet/default/train/*.parquet", "refs/convert/parquet", "default/train/*.parquet"),
+    ("hf://datasets/org/web@refs/pr/3/x.parquet", "refs/pr/3", "x.parquet"),
+    ("hf://datasets/org/web/x.parquet", None, "x.parquet"),
+])
+def test_hf_uris_name_their_revision_as_huggingface_hub_writes_them(uri, revision, path):
+    from tokenloom.pipes.sources.hf_store import HfPath
+    got = HfPath.parse(uri)
+    assert (got.repo_id, got.revision, got.path) == ("org/web", revision, path)
+
+
+def test_the_hubs_parquet_conversion_is_read_at_its_commit(files, tok_path, hub_env):
+    folder, _ = files
+    with Server(folder, {"org/web": {"main": (SHA_B, folder), "refs/convert/parquet": (SHA_A, folder)}}) as server:
+        hub_env(server)
+        got = resolve_files("hf://datasets/org/web@~parquet/*.parquet")
+        assert [f.uri for f in got][0] == f"hf://datasets/org/web@{SHA_A}/part-000.parquet"

@@ -2,7 +2,8 @@
 ``huggingface_hub`` and read by HTTP range requests (http_store.py), pinned to one revision.
 
 ``hf://datasets/<org>/<name>[@<revision>]/<path or glob>``: the revision is a branch, a tag or a
-commit sha (default ``main``); the path a file, a folder (its files of the source's format, found
+commit sha (default ``main``), ``refs/convert/parquet`` (``~parquet``, the Hub's parquet conversion)
+or ``refs/pr/<n>``, also URL-encoded; the path a file, a folder (its files of the source's format, found
 recursively) or a glob as files.py reads globs (``data/*.parquet``, ``**/*.parquet``).
 
 - **Pinned.** The revision is resolved to its commit sha once, when the source is listed, and
@@ -28,7 +29,7 @@ import logging
 import re
 from dataclasses import dataclass
 from typing import Any, List, NamedTuple, Optional, Tuple
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 from .host_cache import SHARED_FOR_S, shared
 from .http_store import http_filesystem
@@ -39,6 +40,9 @@ log = logging.getLogger(__name__)
 #: Repository types an ``hf://`` URI may name, by their plural as the Hub's URLs spell them.
 REPO_TYPES = {"datasets": "dataset", "models": "model", "spaces": "space"}
 _SHA = re.compile(r"[0-9a-f]{40}\Z")
+#: Short names of revisions, as huggingface_hub's HfFileSystem reads them: ``@~parquet`` is the Hub's
+#: parquet conversion of a dataset (its ``refs/convert/parquet`` branch).
+REVISION_ALIASES = {"~parquet": "refs/convert/parquet"}
 
 
 @dataclass(frozen=True)
@@ -61,7 +65,12 @@ class HfPath:
         if len(parts) < 3 or not parts[1] or not parts[2]:
             raise ValueError(f"{uri!r}: write hf://datasets/<org>/<name>[@<revision>]/<path or glob>")
         name, _, revision = parts[2].partition("@")
-        return HfPath(REPO_TYPES[parts[0]], f"{parts[1]}/{name}", revision or None, "/".join(parts[3:]).strip("/"))
+        rest = parts[3:]
+        revision = unquote(revision)  # refs%2Fconvert%2Fparquet, as huggingface_hub writes it
+        if revision == "refs" and len(rest) >= 2 and rest[0] in ("convert", "pr"):  # refs/convert/parquet, refs/pr/N
+            revision, rest = "/".join(["refs"] + rest[:2]), rest[2:]
+        revision = REVISION_ALIASES.get(revision, revision)
+        return HfPath(REPO_TYPES[parts[0]], f"{parts[1]}/{name}", revision or None, "/".join(rest).strip("/"))
 
     def uri(self, sha: str, path: str) -> str:
         plural = next(k for k, v in REPO_TYPES.items() if v == self.repo_type)
