@@ -68,6 +68,7 @@ def test_verify_checks_the_resumes_of_your_settings(two_sources, tmp_path, capsy
     out = capsys.readouterr().out
     assert "every resume gives the uninterrupted run's batches" in out
     assert out.count("ok   resume at step") >= 3 and "right after a load" in out
+    assert "ok   resume at step" in out and "in a fresh process" in out  # tokenloom run --resume, same flags
 
 
 # --- run ----------------------------------------------------------------------------

@@ -93,6 +93,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     try:
         args = parser.parse_args(None if argv is None else list(argv))
+        args.argv = list(sys.argv[1:] if argv is None else argv)  # what a command may pass on (verify)
     except UsageError as e:
         print(e, file=sys.stderr)
         return EXIT_ERROR

@@ -9,7 +9,9 @@ The checks, on the loader ``build()`` makes (a fresh one each time, as a new pro
 3. resume at save points: step 0, step 1, the last step, and ``points`` more drawn with ``seed``;
    at each, a loader runs to the step, saves (``state_dict``, through ``torch.save``/``torch.load``),
    and a fresh loader loads the state and must give the rest of the reference;
-4. a chained resume: a state saved right after a load (before any batch) resumes again, exactly.
+4. a chained resume: a state saved right after a load (before any batch) resumes again, exactly;
+5. with ``fresh_process``, a state resumed in a new process (``tokenloom verify`` does it with
+   ``tokenloom run --resume``).
 
 The report names, for the first difference of each failing check, the step, the batch key, the row
 and the position in it, and what usually causes it. Same topology only: a resume on another number
@@ -112,7 +114,8 @@ def _compare(name: str, want: Sequence[Any], got: Sequence[Any], first_step: int
 
 
 def verify(build: Callable[[], Any], *, steps: int = 60, points: int = 3, seed: int = 0, chain: bool = True,
-           progress: Optional[Callable[[str], None]] = None) -> Report:
+           progress: Optional[Callable[[str], None]] = None,
+           fresh_process: Optional[Callable[[Any, int], List[Any]]] = None) -> Report:
     """Check that ``build()``'s loader resumes exactly (module docstring) and return the `Report`.
 
     Args:
@@ -120,7 +123,10 @@ def verify(build: Callable[[], Any], *, steps: int = 60, points: int = 3, seed: 
         steps: batches of the reference run (>= 2; a finite stream may end before).
         points: save points drawn with ``seed`` beside steps 0, 1 and the last.
         chain: also resume a state saved right after a load.
-        progress: called with a line as each check starts (e.g. ``print``)."""
+        progress: called with a line as each check starts (e.g. ``print``).
+        fresh_process: ``fresh_process(state, count)`` loads ``state`` into a loader built in a new
+            process and returns its next ``count`` batches (``tokenloom verify`` runs ``tokenloom run
+            --resume``); when given, the state saved at the middle save point is also resumed there."""
     if steps < 2:
         raise ValueError(f"verify(steps={steps}): give at least 2 batches")
     say = progress or (lambda line: None)
@@ -138,6 +144,11 @@ def verify(build: Callable[[], Any], *, steps: int = 60, points: int = 3, seed: 
     for k in chosen:
         say(f"resume at step {k}")
         report.checks.append(_guarded(f"resume at step {k}", lambda: _resume_at(build, reference, k)))
+    if fresh_process is not None:
+        k = chosen[len(chosen) // 2]
+        say(f"resume at step {k} in a fresh process")
+        report.checks.append(_guarded(f"resume at step {k} in a fresh process",
+                                      lambda: _in_fresh_process(build, reference, k, fresh_process)))
     if chain:
         k = chosen[len(chosen) // 2]
         say(f"chained resume at step {k}")
@@ -178,6 +189,18 @@ def _rest(name: str, resumed: Any, reference: List[Any], k: int) -> Check:
     except Exception as e:  # noqa: BLE001 - the step it failed at is what the user needs
         return Check(name, False, f"raised {type(e).__name__} at step {k + len(got)}: {e}")
     return _compare(name, reference[k:], got, k)
+
+
+def _in_fresh_process(build: Callable[[], Any], reference: List[Any], k: int,
+                      fresh_process: Callable[[Any, int], List[Any]]) -> Check:
+    loader = build()
+    it = iter(loader)
+    if k:
+        _take(it, k)
+    state = loader.state_dict()
+    del it, loader
+    got = fresh_process(state, len(reference) - k)
+    return _compare(f"resume at step {k} in a fresh process", reference[k:], got, k)
 
 
 def _chained(build: Callable[[], Any], reference: List[Any], k: int) -> Check:
