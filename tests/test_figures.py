@@ -39,7 +39,7 @@ def _drive(loader, steps: int, step_s: float):
 
 def test_the_wait_is_the_time_next_takes_and_a_slow_loader_its_share(two_sources, tok_path):
     loader = pretrain(two_sources, tokenizer=tok_path, num_workers=0, **ARGS)
-    waits, stepped = _drive(loader, 120, 0.004)
+    waits, stepped = _drive(loader, 120, 0.001)  # a step shorter than making a batch here
     got = loader.figures()
     assert got["data/first_batch_s"] == pytest.approx(waits[0], rel=0.2, abs=0.005)
     assert got["data/wait_total_s"] == pytest.approx(sum(waits), rel=0.05, abs=0.005)
@@ -47,7 +47,7 @@ def test_the_wait_is_the_time_next_takes_and_a_slow_loader_its_share(two_sources
     assert got["data/wait_ms"] == pytest.approx(1e3 * sum(window) / len(window), rel=0.1, abs=0.2)
     expected = sum(window) / (sum(window) + sum(stepped[-101:-1]))  # the loop's time: the making of each batch
     assert got["data/wait_share"] == pytest.approx(expected, abs=0.05)
-    assert got["data/wait_share"] > 0.2, "with num_workers=0 the loop makes every batch: a large share"
+    assert got["data/wait_share"] > 0.3, "with num_workers=0 the loop makes every batch: a large share"
     assert got["data/wait_p99_ms"] >= got["data/wait_ms"]
 
 
