@@ -53,11 +53,12 @@ def test_the_wait_is_the_time_next_takes_and_a_slow_loader_its_share(two_sources
 
 def test_a_slow_step_waits_about_nothing(two_sources, tok_path):
     loader = pretrain(two_sources, tokenizer=tok_path, num_workers=2, **ARGS)
-    _drive(loader, 110, 0.04)
+    _drive(loader, 80, 0.06)
     got = loader.figures()
-    # what is left is receiving a batch from a worker (README: ~2-4 ms here without DevicePrefetcher)
-    assert got["data/wait_share"] < 0.15, got
-    assert got["data/wait_ms"] < 6.0, got
+    # what is left is receiving a batch from a worker (README: ~2-4 ms here without DevicePrefetcher; more
+    # on a loaded machine), against a slow loader's 0.3 and more (the test above)
+    assert got["data/wait_share"] < 0.2, got
+    assert got["data/wait_ms"] < 12.0, got
 
 
 def test_the_flat_figures_carry_the_mix_and_the_rate(two_sources, tok_path):
