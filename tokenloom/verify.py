@@ -166,13 +166,17 @@ def _guarded(name: str, run: Callable[[], Check]) -> Check:
         return Check(name, False, f"raised {type(e).__name__}: {e}")
 
 
-def _resume_at(build: Callable[[], Any], reference: List[Any], k: int) -> Check:
+def _state_at(build: Callable[[], Any], k: int) -> Any:
+    """The state of a fresh loader after ``k`` batches."""
     loader = build()
     it = iter(loader)
     if k:
         _take(it, k)
-    state = torch_roundtrip(loader.state_dict())
-    del it, loader
+    return loader.state_dict()
+
+
+def _resume_at(build: Callable[[], Any], reference: List[Any], k: int) -> Check:
+    state = torch_roundtrip(_state_at(build, k))
     resumed = build()
     resumed.load_state_dict(state)
     return _rest(f"resume at step {k}", resumed, reference, k)
@@ -193,23 +197,12 @@ def _rest(name: str, resumed: Any, reference: List[Any], k: int) -> Check:
 
 def _in_fresh_process(build: Callable[[], Any], reference: List[Any], k: int,
                       fresh_process: Callable[[Any, int], List[Any]]) -> Check:
-    loader = build()
-    it = iter(loader)
-    if k:
-        _take(it, k)
-    state = loader.state_dict()
-    del it, loader
-    got = fresh_process(state, len(reference) - k)
+    got = fresh_process(_state_at(build, k), len(reference) - k)
     return _compare(f"resume at step {k} in a fresh process", reference[k:], got, k)
 
 
 def _chained(build: Callable[[], Any], reference: List[Any], k: int) -> Check:
-    loader = build()
-    it = iter(loader)
-    if k:
-        _take(it, k)
-    first = torch_roundtrip(loader.state_dict())
-    del it, loader
+    first = torch_roundtrip(_state_at(build, k))
     middle = build()
     middle.load_state_dict(first)
     second = torch_roundtrip(middle.state_dict())  # saved right after the load, before any batch
