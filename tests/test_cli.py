@@ -69,6 +69,21 @@ def test_verify_checks_the_resumes_of_your_settings(two_sources, tmp_path, capsy
     assert "every resume gives the uninterrupted run's batches" in out
     assert out.count("ok   resume at step") >= 3 and "right after a load" in out
     assert "ok   resume at step" in out and "in a fresh process" in out  # tokenloom run --resume, same flags
+    # an endless stream: other topologies cannot be counted, and the report says what would allow it
+    assert "other topologies (ranks, workers): not checked: needs a finite stream: add --epochs 1" in out
+
+
+def test_verify_resumes_a_finite_epoch_on_other_topologies(two_sources, capsys):
+    a, b = two_sources[:2]
+    assert main(["verify", a, b, *SMALL, "--workers", "1", "--epochs", "1", "--no-cycle-exhausted", "--quick",
+                 "--quiet"]) == 0
+    out = capsys.readouterr().out
+    # the whole epoch is the reference; one rank x 1 worker saved, resumed on 2 ranks x 1 worker
+    assert "ok   elastic: saved on 1 rank(s) x 1 worker(s), resumed on 2 x 1: saved at step" in out, out
+    assert "tokens exactly once" in out and "not checked" not in out
+    # several sources cycling to the epoch's end: not countable, and the flag that makes it so is named
+    assert main(["verify", a, b, *SMALL, "--epochs", "1", "--steps", "6", "--quick", "--quiet"]) == 0
+    assert "not checked: with several sources" in capsys.readouterr().out
 
 
 # --- run ----------------------------------------------------------------------------

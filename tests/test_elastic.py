@@ -171,7 +171,7 @@ def run_ranks(loaders: List[Any], sync: ThreadSync, *, steps: Optional[int] = No
             del it
         except BaseException as e:  # release the other ranks from the barrier, then report
             errors[r] = e
-            sync._barrier.abort()
+            sync.abort()
 
     # Workers are forked here, from the main thread: forked from the rank threads, a worker
     # sometimes took 5 s to exit at the end of the round (StatefulDataLoader's join timeout).

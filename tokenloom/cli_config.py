@@ -397,10 +397,11 @@ def steps_to_take(settings: Mapping[str, Any]) -> Optional[int]:
     return steps
 
 
-def build_loader(settings: Mapping[str, Any]):
-    """(recipe name, loader) from merged settings."""
+def build_loader(settings: Mapping[str, Any], **overrides: Any):
+    """(recipe name, loader) from merged settings; ``overrides``: keywords of the recipe that win over
+    them (``tokenloom verify``'s other topologies: ``rank``, ``world_size``, ``num_workers``, ``rank_sync``)."""
     recipe, fn, kwargs = recipe_kwargs(settings)
-    return recipe, fn(settings["sources"], **kwargs)
+    return recipe, fn(settings["sources"], **{**kwargs, **overrides})
 
 
 def describe(recipe: str, loader: Any) -> str:

@@ -11,11 +11,15 @@ The checks, on the loader ``build()`` makes (a fresh one each time, as a new pro
    and a fresh loader loads the state and must give the rest of the reference;
 4. a chained resume: a state saved right after a load (before any batch) resumes again, exactly;
 5. with ``fresh_process``, a state resumed in a new process (``tokenloom verify`` does it with
-   ``tokenloom run --resume``).
+   ``tokenloom run --resume``);
+6. with ``elastic``, states saved on W ranks x N workers resumed on W' x N' (ranks as threads of
+   this process): every token of the epoch exactly once, counted as the loop receives them
+   (tokenloom/verify_elastic.py; needs a finite stream that delivers every document a fixed number
+   of times).
 
 The report names, for the first difference of each failing check, the step, the batch key, the row
-and the position in it, and what usually causes it. Same topology only: a resume on another number
-of workers or ranks is checked by the project's oracle (tests/oracle.py), not here.
+and the position in it, the segment it falls in (its first tokens, decoded with ``decode``), the
+sources whose delivered tokens (``stats()``) differ by then, and what usually causes it.
 
     from tokenloom.verify import verify
 
@@ -23,17 +27,24 @@ of workers or ranks is checked by the project's oracle (tests/oracle.py), not he
                     steps=60)
     print(report)          # one line per check, and the first difference of each that failed
     assert report.ok
+
+    # another topology: build takes the topology's keywords, the stream is finite
+    report = verify(lambda **topology: pretrain({"web": "web/*.parquet", "code": "code/*.parquet"},
+                                                 tokenizer="tokenizer.json", epochs=1, cycle_exhausted=False,
+                                                 **topology),
+                    steps=10**9, elastic=[((1, 2), (2, 1))])
 """
 
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
 from .testing import items_equal, torch_roundtrip
+from .verify_elastic import Topology, check_elastic
 
 __all__ = ["Check", "Report", "verify"]
 
@@ -49,10 +60,10 @@ class Check:
 
     name: str
     ok: bool
-    where: str = ""
+    where: str = ""  # a failed check: where it first differed; one that held: what it counted, if anything
 
     def __str__(self) -> str:
-        return f"{'ok  ' if self.ok else 'FAIL'} {self.name}" + ("" if self.ok else f": {self.where}")
+        return f"{'ok  ' if self.ok else 'FAIL'} {self.name}" + (f": {self.where}" if self.where else "")
 
 
 @dataclass
@@ -74,23 +85,37 @@ class Report:
         return "\n".join([head] + [str(c) for c in self.checks] + tail)
 
 
-def _take(it: Iterator[Any], n: int) -> List[Any]:
+def _take(it: Iterator[Any], n: int, loader: Any = None, sources: Optional[List[Dict[str, Tuple[int, int]]]] = None) -> List[Any]:
+    """The next ``n`` batches of ``it`` (fewer if it ends); with ``sources``, the tokens per source of
+    ``loader.stats()`` after each of them are appended to it."""
     out = []
     for batch in it:
         out.append(batch)
+        if sources is not None:
+            sources.append(_source_tokens(loader))
         if len(out) >= n:
             break
     return out
 
 
-def first_difference(want: Any, got: Any) -> str:
-    """Where two batches first differ: the key, then the row and the position of a tensor."""
+def _source_tokens(loader: Any) -> Dict[str, Tuple[int, int]]:
+    """Per source, the tokens delivered and the passes finished so far, from ``loader.stats()``
+    (empty when it has no sources)."""
+    stats = loader.stats() if hasattr(loader, "stats") else {}
+    return {name: (s["tokens"], int(s.get("epochs") or 0)) for name, s in (stats.get("sources") or {}).items()
+            if isinstance(s, dict) and isinstance(s.get("tokens"), int)}
+
+
+def first_difference(want: Any, got: Any, decode: Optional[Callable[[List[int]], str]] = None) -> str:
+    """Where two batches first differ: the key, then the row and the position of a tensor, and for a
+    packed batch the segment (document, or chunk of one) the uninterrupted run had there."""
     if isinstance(want, dict) and isinstance(got, dict):
         if want.keys() != got.keys():
             return f"keys {sorted(got)} instead of {sorted(want)}"
         for key in want:
             if not items_equal(want[key], got[key]):
-                return f"{key!r}: {first_difference(want[key], got[key])}"
+                where = f"{key!r}: {first_difference(want[key], got[key])}"
+                return where + _segment(want, want[key], got[key], decode)
         return "equal"
     if isinstance(want, torch.Tensor) and isinstance(got, torch.Tensor):
         if want.shape != got.shape or want.dtype != got.dtype:
@@ -104,56 +129,111 @@ def first_difference(want: Any, got: Any) -> str:
     return f"{got!r:.80} instead of {want!r:.80}"
 
 
-def _compare(name: str, want: Sequence[Any], got: Sequence[Any], first_step: int) -> Check:
+def _segment(batch: Dict[str, Any], want: Any, got: Any, decode: Optional[Callable[[List[int]], str]]) -> str:
+    """``"; in the uninterrupted run's segment ..."``: the segment of ``batch`` at the first position
+    where ``want`` and ``got`` differ (a 2-d tensor of the batch's shape), or "" when there is none."""
+    seg, inp = batch.get("segment_ids"), batch.get("input_ids")
+    if not (isinstance(want, torch.Tensor) and isinstance(seg, torch.Tensor) and isinstance(inp, torch.Tensor)
+            and want.shape == got.shape == seg.shape == inp.shape and want.dim() == 2):
+        return ""
+    row, pos = (int(i) for i in (want != got).nonzero()[0])
+    s = int(seg[row, pos])
+    if s == 0:
+        return "; the uninterrupted run had padding there"
+    at = (seg[row] == s).nonzero().flatten()
+    tokens = inp[row, at].tolist()
+    text = ""
+    if decode is not None:
+        try:
+            text = f", beginning {decode(tokens[:16])!r}"
+        except Exception:  # noqa: BLE001 - ids the decoder does not know are still shown as ids
+            text = ""
+    return (f"; in the uninterrupted run's segment {s} of row {row} (positions {int(at[0])}-{int(at[-1])}, "
+            f"a document or a chunk of one{text}; ids {tokens[:8]})")
+
+
+def _compare(name: str, want: Sequence[Any], got: Sequence[Any], first_step: int,
+             want_sources: Optional[List[Dict[str, Tuple[int, int]]]] = None, got_sources: Optional[List[Dict[str, Tuple[int, int]]]] = None,
+             decode: Optional[Callable[[List[int]], str]] = None) -> Check:
     for j, (w, g) in enumerate(zip(want, got)):
         if not items_equal(w, g):
-            return Check(name, False, f"batch at step {first_step + j} differs: {first_difference(w, g)}")
+            where = f"batch at step {first_step + j} differs: {first_difference(w, g, decode)}"
+            if want_sources is not None and got_sources is not None and j < len(got_sources):
+                w_src, g_src = want_sources[first_step + j], got_sources[j]
+                differ = [n for n in w_src if g_src.get(n, (None,))[0] != w_src[n][0]]
+                where += ("; sources whose tokens differ after that batch (stats()): " + ", ".join(
+                    f"{n!r} {g_src.get(n, (None,))[0]} instead of {w_src[n][0]}" for n in differ)) if differ else (
+                    "; every source delivered as many tokens as in the uninterrupted run by then (stats())")
+            return Check(name, False, where)
     if len(got) != len(want):
         return Check(name, False, f"{len(got)} batches after step {first_step}, the uninterrupted run had {len(want)}")
     return Check(name, True)
 
 
-def verify(build: Callable[[], Any], *, steps: int = 60, points: int = 3, seed: int = 0, chain: bool = True,
+def verify(build: Callable[..., Any], *, steps: int = 60, points: int = 3, seed: int = 0, chain: bool = True,
            progress: Optional[Callable[[str], None]] = None,
-           fresh_process: Optional[Callable[[Any, int], List[Any]]] = None) -> Report:
+           fresh_process: Optional[Callable[[Any, int], List[Any]]] = None,
+           elastic: Sequence[Tuple[Topology, Topology]] = (),
+           decode: Optional[Callable[[List[int]], str]] = None, timeout: float = 600) -> Report:
     """Check that ``build()``'s loader resumes exactly (module docstring) and return the `Report`.
 
     Args:
-        build: makes a fresh loader, the same one each call (a recipe call, or ``TokenLoomLoader(...)``).
-        steps: batches of the reference run (>= 2; a finite stream may end before).
-        points: save points drawn with ``seed`` beside steps 0, 1 and the last.
+        build: makes a fresh loader, the same one each call (a recipe call, or ``TokenLoomLoader(...)``);
+            with ``elastic``, it also takes the keywords ``rank``, ``world_size``, ``num_workers`` and
+            ``rank_sync`` (a recipe's, passed on: ``lambda **topology: pretrain(..., **topology)``).
+        steps: batches of the reference run (>= 2; a finite stream may end before: ``10**9`` runs it whole).
+        points: save points drawn with ``seed`` beside steps 0, 1, the last and, when a source finishes a
+            pass within the reference, the step right after.
         chain: also resume a state saved right after a load.
         progress: called with a line as each check starts (e.g. ``print``).
         fresh_process: ``fresh_process(state, count)`` loads ``state`` into a loader built in a new
             process and returns its next ``count`` batches (``tokenloom verify`` runs ``tokenloom run
-            --resume``); when given, the state saved at the middle save point is also resumed there."""
+            --resume``); when given, the state saved at the middle save point is also resumed there.
+        elastic: pairs ``((W, N), (W2, N2))`` of (world size, workers): states saved on the first topology,
+            at a step drawn with ``seed``, resumed on the second; the stream must be finite and deliver each
+            document a fixed number of times (one source, or ``cycle_exhausted=False``; not ``bestfit-crop``).
+        decode: token ids -> text, to show the segment where a batch differs (``tokenizer.decode``).
+        timeout: seconds an elastic run of ranks may take before it fails as a hang."""
     if steps < 2:
         raise ValueError(f"verify(steps={steps}): give at least 2 batches")
     say = progress or (lambda line: None)
-    say(f"reference: {steps} batches")
-    reference = _take(iter(build()), steps)
+    say(f"reference: {'the whole stream' if steps >= 10**9 else f'{steps} batches'}")
+    loader = build()
+    sources: List[Dict[str, Tuple[int, int]]] = [_source_tokens(loader)]
+    reference = _take(iter(loader), steps, loader, sources)
+    del loader
     n = len(reference)
     report = Report(n)
     say("determinism: a second run")
     again = _take(iter(build()), n)
-    report.checks.append(_compare("a second run gives the same batches", reference, again, 0))
+    report.checks.append(_compare("a second run gives the same batches", reference, again, 0, decode=decode))
     if not report.checks[-1].ok:
         return report  # nothing resumes exactly from a stream that is not the same twice
     rng = random.Random(seed)
-    chosen = sorted({0, min(1, n - 1), n - 1} | {rng.randrange(n) for _ in range(points)})
-    for k in chosen:
-        say(f"resume at step {k}")
-        report.checks.append(_guarded(f"resume at step {k}", lambda: _resume_at(build, reference, k)))
+    chosen = {0, min(1, n - 1), n - 1} | {rng.randrange(n) for _ in range(points)}
+    passes = [sum(p for _, p in s.values()) for s in sources]
+    after_pass = next((k for k in range(1, n) if passes[k] > passes[k - 1]), None)
+    if after_pass is not None and after_pass < n - 1:
+        chosen.add(after_pass)
+    for k in sorted(chosen):
+        label = f"resume at step {k}" + (" (right after a source finished a pass)" if k == after_pass else "")
+        say(label)
+        report.checks.append(_guarded(label, lambda: _resume_at(label, build, reference, sources, k, decode)))
+    middle = sorted(chosen)[len(chosen) // 2]
     if fresh_process is not None:
-        k = chosen[len(chosen) // 2]
-        say(f"resume at step {k} in a fresh process")
-        report.checks.append(_guarded(f"resume at step {k} in a fresh process",
-                                      lambda: _in_fresh_process(build, reference, k, fresh_process)))
+        say(f"resume at step {middle} in a fresh process")
+        report.checks.append(_guarded(f"resume at step {middle} in a fresh process",
+                                      lambda: _in_fresh_process(build, reference, middle, fresh_process, decode)))
     if chain:
-        k = chosen[len(chosen) // 2]
-        say(f"chained resume at step {k}")
-        report.checks.append(_guarded(f"resume of a state saved right after a load (step {k})",
-                                      lambda: _chained(build, reference, k)))
+        say(f"chained resume at step {middle}")
+        report.checks.append(_guarded(f"resume of a state saved right after a load (step {middle})",
+                                      lambda: _chained(build, reference, sources, middle, decode)))
+    for old, new in elastic:
+        name = f"elastic: saved on {old[0]} rank(s) x {old[1]} worker(s), resumed on {new[0]} x {new[1]}"
+        at = rng.uniform(0.2, 0.8)
+        say(name)
+        report.checks.append(_guarded(name, lambda: Check(name, *check_elastic(build, old, new, at=at, seed=seed,
+                                                                               decode=decode, timeout=timeout))))
     return report
 
 
@@ -175,33 +255,39 @@ def _state_at(build: Callable[[], Any], k: int) -> Any:
     return loader.state_dict()
 
 
-def _resume_at(build: Callable[[], Any], reference: List[Any], k: int) -> Check:
+def _resume_at(name: str, build: Callable[[], Any], reference: List[Any], sources: List[Dict[str, Tuple[int, int]]], k: int,
+               decode: Optional[Callable[[List[int]], str]]) -> Check:
     state = torch_roundtrip(_state_at(build, k))
     resumed = build()
     resumed.load_state_dict(state)
-    return _rest(f"resume at step {k}", resumed, reference, k)
+    return _rest(name, resumed, reference, sources, k, decode)
 
 
-def _rest(name: str, resumed: Any, reference: List[Any], k: int) -> Check:
+def _rest(name: str, resumed: Any, reference: List[Any], sources: List[Dict[str, Tuple[int, int]]], k: int,
+          decode: Optional[Callable[[List[int]], str]]) -> Check:
     """Compare what ``resumed`` gives with the reference from step ``k``; an error names its step."""
     got: List[Any] = []
+    got_sources: List[Dict[str, Tuple[int, int]]] = []
     try:
         for batch in iter(resumed):
             got.append(batch)
+            got_sources.append(_source_tokens(resumed))
             if len(got) >= len(reference) - k:
                 break
     except Exception as e:  # noqa: BLE001 - the step it failed at is what the user needs
         return Check(name, False, f"raised {type(e).__name__} at step {k + len(got)}: {e}")
-    return _compare(name, reference[k:], got, k)
+    return _compare(name, reference[k:], got, k, sources[1:], got_sources, decode)
 
 
 def _in_fresh_process(build: Callable[[], Any], reference: List[Any], k: int,
-                      fresh_process: Callable[[Any, int], List[Any]]) -> Check:
+                      fresh_process: Callable[[Any, int], List[Any]],
+                      decode: Optional[Callable[[List[int]], str]]) -> Check:
     got = fresh_process(_state_at(build, k), len(reference) - k)
-    return _compare(f"resume at step {k} in a fresh process", reference[k:], got, k)
+    return _compare(f"resume at step {k} in a fresh process", reference[k:], got, k, decode=decode)
 
 
-def _chained(build: Callable[[], Any], reference: List[Any], k: int) -> Check:
+def _chained(build: Callable[[], Any], reference: List[Any], sources: List[Dict[str, Tuple[int, int]]], k: int,
+             decode: Optional[Callable[[List[int]], str]]) -> Check:
     first = torch_roundtrip(_state_at(build, k))
     middle = build()
     middle.load_state_dict(first)
@@ -209,4 +295,4 @@ def _chained(build: Callable[[], Any], reference: List[Any], k: int) -> Check:
     del middle
     last = build()
     last.load_state_dict(second)
-    return _rest(f"resume of a state saved right after a load (step {k})", last, reference, k)
+    return _rest(f"resume of a state saved right after a load (step {k})", last, reference, sources, k, decode)

@@ -5,6 +5,11 @@ again and again, resumes it at several steps and compares every batch with an un
 (tokenloom/verify.py), once in a new process (``tokenloom run --resume`` with the same sources and
 flags); it prints one line per check and the first difference of each that failed,
 and exits 1 when one did. ``--quick``: a short reference (20 batches) and one drawn save point.
+
+With ``--epochs``, the reference is the whole stream (unless ``--steps`` bounds it), and when every
+document is delivered a fixed number of times (one source, or ``--no-cycle-exhausted``; packing
+``flat`` or ``bestfit``) states saved on other topologies are resumed too (`ELASTIC`; ``--quick``:
+the first): every token of the epoch exactly once. Otherwise the report says why they were not run.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import os
 import subprocess
 import sys
 import tempfile
-from typing import Any, List
+from typing import Any, Dict, List, Tuple
 
 import torch
 
@@ -22,8 +27,33 @@ from .cli_config import add_loader_arguments, build_loader, describe, merged_set
 from .state_file import save
 from .verify import verify
 
-#: Batches of the reference run, unless --steps says otherwise.
+#: Batches of the reference run, unless --steps says otherwise (with --epochs: the whole stream).
 STEPS, QUICK_STEPS = 60, 20
+WHOLE = 10**9
+
+
+def elastic_pairs(workers: int, quick: bool) -> List[Tuple[Tuple[int, int], Tuple[int, int]]]:
+    """The (world size, workers) pairs a state is saved on and resumed on: one rank with your workers
+    to two ranks with one fewer (at least one), and two ranks to one with one more (at most 3, and no
+    more than the machine's cores)."""
+    more = max(min(workers + 1, 3, os.cpu_count() or 1), 1)
+    pairs = [((1, workers), (2, max(workers - 1, 1))), ((2, workers), (1, more))]
+    return pairs[:1] if quick else pairs
+
+
+def why_not_elastic(settings: Dict[str, Any], sources: int) -> str:
+    """Why another topology cannot be checked on these settings ("" when it can)."""
+    if not settings.get("epochs"):
+        return "needs a finite stream: add --epochs 1 (a small set of files is enough)"
+    if settings.get("recipe") == "multiplex":
+        return "multiplex's streams are not counted by this check"
+    if (settings.get("packing") or "bestfit") == "bestfit-crop":
+        return "bestfit-crop discards tokens where rows happen to fall, so what it keeps depends on the topology"
+    cycle = settings.get("cycle_exhausted")
+    if sources > 1 and (cycle is None or cycle is True):
+        return ("with several sources a source that ran out starts its next pass while others go on, so how much "
+                "of it is delivered depends on the topology: add --no-cycle-exhausted")
+    return ""
 
 
 def register(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -70,15 +100,27 @@ def _run_resumed(argv: List[str], state: Any, count: int) -> List[Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from tokenloom.pipes import load_encoder
+
     settings = merged_settings(args)
     args.recipe_built = settings.get("recipe")  # names the recipe's flags in an error
-    steps = settings.get("steps") or (QUICK_STEPS if args.quick else STEPS)
+    finite = bool(settings.get("epochs"))
+    steps = settings.get("steps") or (WHOLE if finite else QUICK_STEPS if args.quick else STEPS)
     points = args.points if args.points is not None else (1 if args.quick else 3)
     recipe, loader = build_loader(settings)
     print(describe(recipe, loader))
+    workers, sources = loader.config["num_workers"], len(loader.config["sources"])
+    tokenizer = getattr(getattr(loader.settings, "data", None), "tokenizer", None)
     del loader
-    report = verify(lambda: build_loader(settings)[1], steps=steps, points=points, seed=args.check_seed,
+    why = why_not_elastic({**settings, "recipe": recipe}, sources)
+    pairs = [] if why else elastic_pairs(workers, args.quick)
+    decode = load_encoder(tokenizer).decode if isinstance(tokenizer, str) else None
+    report = verify(lambda **topology: build_loader(settings, **topology)[1], steps=steps, points=points,
+                    seed=args.check_seed,
                     progress=None if args.quiet else (lambda line: print(f"  {line}", flush=True)),
-                    fresh_process=lambda state, count: _run_resumed(args.argv, state, count))
+                    fresh_process=lambda state, count: _run_resumed(args.argv, state, count),
+                    elastic=pairs, decode=decode)
     print(report)
+    if why:
+        print(f"other topologies (ranks, workers): not checked: {why}")
     return 0 if report.ok else 1

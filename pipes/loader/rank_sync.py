@@ -80,3 +80,8 @@ class ThreadSync:
         with self._lock:
             self._round[p] = False
         return result
+
+    def abort(self) -> None:
+        """Release every rank waiting in `any_true` with `threading.BrokenBarrierError`: a rank that
+        failed calls it, so the others fail too instead of waiting for it for ever."""
+        self._barrier.abort()
