@@ -59,6 +59,20 @@ def test_a_slow_step_waits_about_nothing(two_sources, tok_path):
     # on a loaded machine), against a slow loader's 0.3 and more (the test above)
     assert got["data/wait_share"] < 0.2, got
     assert got["data/wait_ms"] < 12.0, got
+    # the workers are ahead: batches wait for the loop, up to num_workers * prefetch_factor
+    assert 1 <= got["data/batches_ready"] <= 2 * loader.prefetch_factor, got
+
+
+def test_batches_ready_is_left_out_where_it_cannot_be_read(two_sources, tok_path, monkeypatch):
+    from tokenloom.pipes.compat import torchdata as compat
+    loader = pretrain(two_sources, tokenizer=tok_path, num_workers=0, **ARGS)
+    _drive(loader, 3, 0)
+    assert "data/batches_ready" not in loader.figures(), "no workers, nothing ready ahead"
+    assert compat.batches_ready(object()) is None  # an iterator that keeps other fields: the fallback
+    workers = pretrain(two_sources, tokenizer=tok_path, num_workers=1, **ARGS)
+    _drive(workers, 3, 0)
+    monkeypatch.setattr(compat.current_iterator(workers), "_task_info", None)  # torchdata changed its fields
+    assert "data/batches_ready" not in workers.figures() and "data/wait_ms" in workers.figures()
 
 
 def test_the_flat_figures_carry_the_mix_and_the_rate(two_sources, tok_path):

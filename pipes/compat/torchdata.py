@@ -28,7 +28,7 @@ the plain dicts back.
 The iterator. `IteratorHook` runs a loader's ``start_iterator`` around
 ``StatefulDataLoader._get_iterator``, where a new iterator forks its workers;
 `current_iterator` and `stop_workers` read and reset ``_iterator`` and call the iterator's
-``_shutdown_workers``. Fallback where torchdata differs (`iterator_hook_ok` False): the loader
+``_shutdown_workers``; `batches_ready` reads its queues and early batches (``loader.figures()``). Fallback where torchdata differs (`iterator_hook_ok` False): the loader
 calls ``start_iterator`` around its whole ``iter()`` and sends batches through the pipe (no
 shared-memory ring, whose rings must be made for each new set of workers), and stopped workers
 are left to the garbage collector (tests/test_compat.py forces it).
@@ -248,6 +248,21 @@ class IteratorHook:
 def current_iterator(loader: Any) -> Optional[Any]:
     """The iterator the loader would continue (None: not started, or forgotten)."""
     return getattr(loader, "_iterator", None)
+
+
+def batches_ready(it: Any) -> Optional[int]:
+    """Batches the workers have finished that the loop has not taken yet: the messages waiting in
+    the iterator's result queues (``qsize``: the worker result queue and, with ``pin_memory``, the
+    pinning thread's) and the batches that arrived before their turn (kept in ``_task_info`` beside
+    their index). None where that cannot be read: no workers, a queue without ``qsize`` (macOS), or
+    an iterator that keeps other fields (tests/test_figures.py forces it)."""
+    try:
+        info, received = it._task_info, it._rcvd_idx
+        queues = {id(q): q for q in (it._worker_result_queue, it._data_queue)}
+        early = sum(1 for i, task in list(info.items()) if i >= received and len(task) == 2)
+        return early + sum(q.qsize() for q in queues.values())
+    except (AttributeError, NotImplementedError, TypeError):
+        return None
 
 
 def stop_workers(loader: Any, it: Any) -> None:

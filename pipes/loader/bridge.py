@@ -49,7 +49,7 @@ from .tally import Tally
 from .wait_clock import WaitClock
 from .node_dataset import GraphFactory, NodeDataset, ShardContext  # noqa: F401 (re-exported)
 from ..compat.accelerate import AcceleratePrepared
-from ..compat.torchdata import IteratorHook, current_iterator, keep_snapshots_flat, nested_snapshot
+from ..compat.torchdata import IteratorHook, batches_ready, current_iterator, keep_snapshots_flat, nested_snapshot
 from ..sources.first_fetches import wait_before_fork
 from .wire import STATS_KEY
 from .wire_ring import make_rings, uses_fork
@@ -287,9 +287,15 @@ class TokenLoomLoader(AcceleratePrepared, IteratorHook, StatefulDataLoader):
         data keeps up, the loader's share of the time when it does not), ``wait_total_s``,
         ``first_batch_s`` (wait_clock.py); ``tokens_per_s`` (tokens delivered since the previous
         call, per second), ``padding``, ``discarded`` (shares of the rows' positions); per source
-        ``share/<name>`` and ``target/<name>`` (delivered share of tokens, and the weight asked for).
+        ``share/<name>`` and ``target/<name>`` (delivered share of tokens, and the weight asked for);
+        ``batches_ready`` (with workers: batches finished and not yet taken, at most ``num_workers *
+        prefetch_factor``; near 0 while the loop waits means the workers are behind).
         Figures a recipe's statistics lack are left out."""
         out = {prefix + k: float(v) for k, v in self.wait_clock.figures().items()}
+        it = current_iterator(self)
+        ready = batches_ready(it) if it is not None and self.num_workers > 0 else None
+        if ready is not None:
+            out[prefix + "batches_ready"] = float(ready)
         stats = self.stats()
         delivered = stats.get("tokens_out")
         if isinstance(delivered, (int, float)):
