@@ -243,7 +243,17 @@ def _guarded(name: str, run: Callable[[], Check]) -> Check:
     try:
         return run()
     except Exception as e:  # noqa: BLE001 - reported, not hidden: the check fails with it
-        return Check(name, False, f"raised {type(e).__name__}: {e}")
+        return Check(name, False, f"raised {_error(e)}")
+
+
+def _error(e: BaseException) -> str:
+    """``Type: message``; an error re-raised from a loader worker by its last line, the worker's own
+    error (torch's message is its whole traceback)."""
+    text = str(e).strip()
+    lines = [line for line in text.splitlines() if line.strip()]
+    if len(lines) > 1 and lines[0].startswith("Caught "):
+        return f"{lines[-1].strip()} (in a loader worker)"
+    return f"{type(e).__name__}: {text}"
 
 
 def _state_at(build: Callable[[], Any], k: int) -> Any:
@@ -275,7 +285,7 @@ def _rest(name: str, resumed: Any, reference: List[Any], sources: List[Dict[str,
             if len(got) >= len(reference) - k:
                 break
     except Exception as e:  # noqa: BLE001 - the step it failed at is what the user needs
-        return Check(name, False, f"raised {type(e).__name__} at step {k + len(got)}: {e}")
+        return Check(name, False, f"raised {_error(e)} at step {k + len(got)}")
     return _compare(name, reference[k:], got, k, sources[1:], got_sources, decode)
 
 
