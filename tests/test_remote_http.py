@@ -378,3 +378,19 @@ def test_the_hubs_parquet_conversion_is_read_at_its_commit(files, tok_path, hub_
         hub_env(server)
         got = resolve_files("hf://datasets/org/web@~parquet/*.parquet")
         assert [f.uri for f in got][0] == f"hf://datasets/org/web@{SHA_A}/part-000.parquet"
+
+
+def test_verify_checks_a_remote_source_on_other_topologies_too(files, tok_path, hub_env):
+    """`tokenloom.verify` on a Hub source with faults injected: every resume, and a state saved on
+    1 rank x 1 worker resumed on 2 ranks, delivers the epoch exactly."""
+    from tokenloom.verify import verify
+    folder, _ = files
+    with Server(folder, {"org/data": {"main": (SHA_A, folder)}}, fault_every=5) as server:
+        hub_env(server)
+
+        def build(**topology):
+            return pretrain("hf://datasets/org/data/*.parquet", tokenizer=tok_path, epochs=1,
+                            **{**ARGS, "num_workers": 1, **topology})
+        report = verify(build, steps=10**9, points=1, chain=False, elastic=[((1, 1), (2, 0))])
+        assert server.faults > 0
+    assert report.ok and any(c.name.startswith("elastic") for c in report.checks), str(report)
