@@ -69,6 +69,12 @@ class PackedGraph:
     encoder: Encoder
     specials: Mapping[str, Optional[int]]
 
+    def first_fetches(self) -> List[Any]:
+        """The first fetches the build (and `fetch_first`) started in this process, one per remote source
+        that has them (first_fetches.py's `FirstFetches`): the loader's fork waits for them."""
+        found = (getattr(p.fetched()[0], "first", None) for p in self.plans)
+        return [f for f in found if f is not None]
+
     def fetch_first(self, shards: Sequence[Tuple[ShardContext, Optional[Mapping[str, Any]]]]) -> int:
         """After a restore, before the workers start: fetch in this process the first units each shard
         reads of a remote source from the position its state (None: its start, or an elastic

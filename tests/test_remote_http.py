@@ -32,6 +32,9 @@ from .test_elastic import (Corpus, check_exactly_once, elastic_resume, ids_corpu
                            old_run, received)
 
 ARGS = dict(seq_len=127, batch_size=4, buffer_size=24, seed=4)
+#: Retries of the fault tests: their waits short, so that what is tested is what the faults change (nothing),
+#: not how long backing off takes on a busy machine (the default policy's waits: its own tests).
+QUICK_RETRY = RetryPolicy(backoff_s=0.005, max_backoff_s=0.05)
 SHA_A, SHA_B = "a" * 40, "b" * 40
 
 
@@ -106,8 +109,10 @@ def test_injected_faults_change_nothing(files, tok_path, hub_env, kinds):
     local = _all(os.path.join(folder, "*.parquet"), tok_path, num_workers=2)
     with Server(folder, {"org/web": {"main": (SHA_A, folder)}}, fault_every=2, fault_kinds=kinds) as server:
         hub_env(server)
-        _same(local, _all(_urls(server, folder), tok_path, num_workers=2), "read over HTTP through faults")
-        _same(local, _all("hf://datasets/org/web/*.parquet", tok_path, num_workers=2), "read from the Hub through faults")
+        _same(local, _all(_urls(server, folder), tok_path, num_workers=2, retry=QUICK_RETRY),
+              "read over HTTP through faults")
+        _same(local, _all("hf://datasets/org/web/*.parquet", tok_path, num_workers=2, retry=QUICK_RETRY),
+              "read from the Hub through faults")
         assert server.faults >= 12, server.faults
 
 
@@ -144,7 +149,7 @@ def test_elastic_resume_through_the_hub_delivers_every_document_once(ids_corpus,
         hub_env(server)
         hub = Corpus({n: f"hf://datasets/org/ids/{n}/*.parquet" for n in ids_corpus.globs}, ids_corpus.docs,
                      ids_corpus.source_tokens, ids_corpus.source_docs, ids_corpus.tokenizer)
-        build = make_builder(hub)
+        build = make_builder(hub, retry=QUICK_RETRY)
         first = old_run(build, 2, 2, steps=5)
         resumed = elastic_resume(build, [r.final for r in first], 1, 2)
         from tokenloom.pipes import load_encoder
@@ -155,6 +160,17 @@ def test_elastic_resume_through_the_hub_delivers_every_document_once(ids_corpus,
 
 
 # --- retries ------------------------------------------------------------------------------------
+
+def test_a_hub_listing_goes_on_through_reset_connections(files, hub_env, tmp_path, monkeypatch):
+    """huggingface_hub 2 reads through httpx (its vendored httpx2), whose dropped connections are not
+    OSErrors: the listing retries them as any other client's (a CI run failed on one)."""
+    folder, _ = files
+    monkeypatch.setenv("TOKENLOOM_CACHE", str(tmp_path / "cache"))  # nothing listed before: every call made
+    with Server(folder, {"org/resets": {"main": (SHA_A, folder)}}, fault_every=2, fault_kinds=("reset",)) as server:
+        hub_env(server)
+        got = resolve_files("hf://datasets/org/resets/*.parquet", retry=QUICK_RETRY)
+        assert len(got) == 3 and server.faults >= 1, (got, server.faults)
+
 
 def test_retries_give_up_within_their_bounds_naming_the_url_and_the_range(files):
     folder, _ = files
@@ -390,7 +406,7 @@ def test_verify_checks_a_remote_source_on_other_topologies_too(files, tok_path, 
 
         def build(**topology):
             return pretrain("hf://datasets/org/data/*.parquet", tokenizer=tok_path, epochs=1,
-                            **{**ARGS, "num_workers": 1, **topology})
+                            retry=QUICK_RETRY, **{**ARGS, "num_workers": 1, **topology})
         report = verify(build, steps=10**9, points=1, chain=False, elastic=[((1, 1), (2, 0))])
         assert server.faults > 0
     assert report.ok and any(c.name.startswith("elastic") for c in report.checks), str(report)

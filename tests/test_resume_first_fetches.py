@@ -352,3 +352,43 @@ def test_a_small_remote_line_source_is_fetched_first_from_the_listing_bytes(s3, 
                 data[int(units.start[u]):int(units.end[u])]
     finally:
         proxy.shutdown()
+
+
+class _Blocked:
+    """A handle whose reads wait until released: a store that does not answer."""
+
+    def __init__(self, fork_safe: bool):
+        import threading
+        self.release = threading.Event()
+        if fork_safe:
+            self.FORK_SAFE = True
+
+    def read_at(self, n, off):
+        self.release.wait(30)
+        return b"x" * n
+
+    def close(self):
+        pass
+
+
+@pytest.mark.parametrize("fork_safe", [True, False], ids=["http-client", "other-client"])
+def test_a_fork_waits_only_for_first_fetches_a_child_would_wait_for(fork_safe):
+    """A loader's fork waits for first fetches still in flight where a forked child's client would
+    wait for them (pyarrow's S3), not over tokenloom's HTTP client: another loader's fetches that are
+    still retrying a failing store do not hold up its workers."""
+    import time
+
+    from tokenloom.pipes.sources.first_fetches import FirstFetches, wait_before_fork
+    handle = _Blocked(fork_safe)
+    fetches = FirstFetches([(("f", 0), handle, 1000, [(0, 100)])], handles={0: handle})
+    try:
+        start = time.monotonic()
+        if fork_safe:
+            wait_before_fork(timeout=2)
+            assert time.monotonic() - start < 1.0, "waited on a fetch a forked child never waits for"
+        else:
+            with pytest.raises(TimeoutError, match="still being read"):
+                wait_before_fork(timeout=0.5)
+    finally:
+        handle.release.set()
+        fetches.wait(5)

@@ -185,7 +185,8 @@ class TokenLoomLoader(AcceleratePrepared, IteratorHook, StatefulDataLoader):
         if self.ring_bytes and uses_fork(self.multiprocessing_context):
             self.dataset.rings = make_rings(self.num_workers, self.ring_bytes)
         if self.num_workers > 0 and uses_fork(self.multiprocessing_context):
-            wait_before_fork()  # a clear error where a fork would leave the workers waiting for ever
+            # a clear error where a fork would leave the workers waiting for ever
+            wait_before_fork(own=self.dataset.own_first_fetches())
             # torch's worker loop seeds numpy.random, which numpy 2 imports on first use: imported here
             # once, forked workers inherit it instead of each importing it (~10 ms a worker at start-up).
             import numpy.random  # noqa: F401

@@ -122,6 +122,13 @@ class NodeDataset(IterableDataset):
             plan = self._elastic["shards"][str(worker)]
         return ShardContext(self.rank, self.world_size, worker, self.num_workers, round_, plan)
 
+    def own_first_fetches(self) -> List[Any]:
+        """The first fetches this loader's factory started in this process (``factory.first_fetches()``,
+        if it has one; first_fetches.py): the fork of its workers waits for them, their bytes then come
+        with the workers' memory."""
+        own = getattr(self.factory, "first_fetches", None)
+        return list(own()) if own is not None else []
+
     def fetch_first(self, trees: Mapping[int, Any]) -> None:
         """After a restore, before the workers start: let the factory fetch what each worker reads first
         from where ``trees`` (worker -> its saved ``{"round", "node"}``; missing: none) put it, if it

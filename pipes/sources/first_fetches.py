@@ -127,6 +127,9 @@ class FirstFetches:
         self.forks_left = forks
         self.errors = 0
         self.handles: Optional[Dict[int, Any]] = dict(handles) if handles else None
+        #: Whether a fork must wait for these requests (`blocks_fork`): True unless every handle is one
+        #: that leaves a forked child nothing to wait for.
+        self.blocks_fork = False
         self._close_when_idle = False
         self._owner = os.getpid()
         at_fork("first_fetches", before=_before_fork, after_in_parent=_after_fork_in_parent,
@@ -139,6 +142,7 @@ class FirstFetches:
         """Fetch ``items`` too (see the class), but for the keys fetched here already; how many are new."""
         with self._cond:
             items = [it for it in items if it[0] not in self._sizes]
+            self.blocks_fork = self.blocks_fork or any(blocks_fork(handle) for _, handle, _, _ in items)
             for key, _, _, ranges in items:
                 self._sizes[key] = sum(n for _, n in ranges)
             requests = first_requests(items)
@@ -395,25 +399,37 @@ def _close_all(handles: Sequence[Any]) -> None:
             pass
 
 
-def _still_in_flight(timeout: float) -> List[str]:
-    """Wait up to ``timeout`` s until no first fetch of this process has a request in flight; the files
-    of those still in flight then (none: all ended)."""
+def blocks_fork(handle: Any) -> bool:
+    """Whether a fork must wait for a request in flight on ``handle``. Not for tokenloom's own HTTP
+    client (http_store.py: a forked child drops the connections it inherited, and nothing in it waits
+    for the parent's requests); for any other (pyarrow's S3 client waits in the child for the
+    parent's requests, see `wait_before_fork`; GCS and Azure are assumed alike)."""
+    return not getattr(handle, "FORK_SAFE", False)
+
+
+def _still_in_flight(timeout: float, own: Sequence["FirstFetches"] = ()) -> List[str]:
+    """Wait up to ``timeout`` s until no first fetch of this process that `blocks_fork`, nor any of
+    ``own``, has a request in flight; the files of those still in flight then (none: all ended). Other
+    fetches over tokenloom's HTTP client are not waited for: a loader built after another whose fetches
+    are still retrying (a store that fails) forks at once."""
     with _LIVE_LOCK:
-        live = list(_FIRST_LIVE)
+        live = [ff for ff in _FIRST_LIVE if ff.blocks_fork]
+    live += [ff for ff in own if all(ff is not other for other in live)]
     deadline = time.monotonic() + timeout
     for ff in live:
         ff.wait(max(0.0, deadline - time.monotonic()))
     return sorted({name for ff in live for name in ff.in_flight()})
 
 
-def wait_before_fork(timeout: Optional[float] = None) -> None:
+def wait_before_fork(timeout: Optional[float] = None, own: Sequence["FirstFetches"] = ()) -> None:
     """Called by the loader before it forks its workers: wait until the first fetches of this process
     have no request in flight (at most ``timeout`` s, default ``FIRST_WAIT``), else raise `TimeoutError`
-    naming the files. A fork with a request in flight is not an option: pyarrow's S3 client waits, before
+    naming the files; only those that `blocks_fork`, and ``own``: the loader's own (their bytes then
+    come with the workers' memory). A fork with a request in flight is not an option: pyarrow's S3 client waits, before
     it makes a request or a new client, for the requests of the process's other clients to end, and in
     the child the parent's requests never end, so each worker would wait for ever."""
     timeout = FIRST_WAIT if timeout is None else timeout
-    stuck = _still_in_flight(timeout)
+    stuck = _still_in_flight(timeout, own)
     if stuck:
         shown = ", ".join(repr(s) for s in stuck[:3]) + (f" and {len(stuck) - 3} more" if len(stuck) > 3 else "")
         raise TimeoutError(

@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import sys
 from dataclasses import dataclass
 from typing import Any, List, NamedTuple, Optional, Tuple
 from urllib.parse import quote, unquote
@@ -86,8 +87,21 @@ def _api():
     return HfApi()
 
 
+def _transport_errors() -> Tuple[type, ...]:
+    """What a dropped or reset connection raises in the HTTP client huggingface_hub uses: ``OSError``
+    (requests), and the ``TransportError`` of httpx or of the httpx2 that huggingface_hub 2 vendors,
+    among the modules it has imported (none is imported here)."""
+    found: List[type] = [OSError]
+    for name in ("httpx2", "httpx"):
+        module = sys.modules.get(name)
+        error = getattr(module, "TransportError", None) if module is not None else None
+        if isinstance(error, type) and issubclass(error, BaseException):
+            found.append(error)
+    return tuple(found)
+
+
 def _transient(call, what: str, retry: RetryPolicy):
-    """``call()`` retried on the Hub's transient answers."""
+    """``call()`` retried on the Hub's transient answers and on dropped connections."""
     from huggingface_hub.errors import HfHubHTTPError
 
     def attempt():
@@ -98,7 +112,7 @@ def _transient(call, what: str, retry: RetryPolicy):
             if status in (408, 429, 500, 502, 503, 504):
                 raise TransientError(f"{what}: HTTP {status}", status) from e
             raise
-        except OSError as e:  # connection errors of the HTTP client it uses
+        except _transport_errors() as e:  # a connection reset or dropped under the client
             raise TransientError(f"{what}: {type(e).__name__}: {e}") from e
     return retry.call(attempt, what)
 

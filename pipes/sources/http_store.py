@@ -276,6 +276,10 @@ class HttpFile:
     """A file over HTTP: positional reads (`read_at`, thread-safe) and a file object's ``read``,
     ``seek`` and ``tell`` over them (for pyarrow, which wraps it in a ``PythonFile``)."""
 
+    #: A fork need not wait for a read in flight (first_fetches.blocks_fork): the handler drops the
+    #: connections a forked child inherits.
+    FORK_SAFE = True
+
     def __init__(self, handler: HttpHandler, url: str, size: int):
         self.handler, self.url, self._size = handler, url, int(size)
         self._pos, self.closed = 0, False
