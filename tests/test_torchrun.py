@@ -206,7 +206,11 @@ def test_dcp_elastic_resume_two_ranks_to_one_and_three(dist_corpus, tok_path, tm
 PAD_JOB = os.path.join(os.path.dirname(__file__), "pad_resume_job.py")
 
 
+# The same resumes run in one process on every `make test` (tests/test_round_edges.py's
+# test_two_ranks_resume_while_padding_and_at_the_last_step, ranks as threads, 0 and 2 workers); torchrun's
+# launch is test_two_ranks_finite_epoch_and_dcp_resume's: this launch is `make fuzz`'s.
 @pytest.mark.slow
+@pytest.mark.soak
 def test_two_ranks_resume_from_a_padding_step_and_the_last_step(corpus, tok_path, tmp_path):
     """A state saved while one rank pads, and one saved at the epoch's last step, resume into
     the uninterrupted batches on both ranks: the rest of the epoch, then the next epoch. The three
@@ -239,7 +243,12 @@ def test_two_ranks_resume_from_a_padding_step_and_the_last_step(corpus, tok_path
 ORACLE_JOB = os.path.join(os.path.dirname(__file__), "oracle_dcp_job.py")
 
 
+# The same chain runs in one process on every `make test` (tests/test_oracle.py's
+# test_chained_elastic_resume_with_a_save_at_once, ranks as threads), and DCP's elastic load under
+# torchrun in test_dcp_elastic_resume_two_ranks_to_one_and_three: three launches here (10 interpreters,
+# ~25 s) are `make fuzz`'s.
 @pytest.mark.slow
+@pytest.mark.soak
 def test_chained_elastic_dcp_resume_with_a_save_at_once(tmp_path):
     """Issue 24's chain under real torchrun and DCP: 4 ranks save at step 3 of a 2-pass round; 2 ranks
     load every old entry and save again before a step; 1 rank loads those and runs the round out.
