@@ -139,8 +139,8 @@ def _titan_batch(inputs, positions, labels):
 
 def test_torchtitan_adapter_resumes_through_dcp_and_elastically(tmp_path):
     """2 gloo ranks save through DCP at step 4 as torchtitan's checkpointer does; 2 new ranks load it
-    and give steps 5-8 exactly; 1 and 3 ranks load every old entry (load_elastic) and, with what
-    the old ranks got before the save, deliver every token of the epoch once (the oracle)."""
+    and give steps 5-8 exactly; 3 ranks load every old entry (load_elastic) and, with what the old
+    ranks got before the save, deliver every token of the epoch once (the oracle)."""
     import json
 
     from .oracle import BOS, Oracle, make_corpus
@@ -158,7 +158,9 @@ def test_torchtitan_adapter_resumes_through_dcp_and_elastically(tmp_path):
         assert len(resumed) == STEPS - K
         for j, (a, b) in enumerate(zip(resumed, run[r][K:])):
             assert all(torch.equal(x, y) for x, y in zip(a, b)), f"rank {r} step {K + j + 1} differs after the resume"
-    for world in (1, 3):
+    # One new world size: 3 ranks load every old entry (load_elastic). 1 rank is the same call, and DCP's
+    # 2 -> 1 is test_torchrun's test_dcp_elastic_resume_two_ranks_to_one_and_three (a launch less here).
+    for world in (3,):
         _torchrun("elastic", config, ckpt, str(tmp_path / f"elastic{world}"), str(STEPS), str(K), job=job,
                   nproc=world, timeout=240)
         oracle = Oracle(corpus, epochs=1, mode="bestfit", end_label=BOS)
