@@ -10,7 +10,7 @@ a worker calls it with its `ShardContext`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
@@ -68,6 +68,16 @@ class PackedGraph:
     plans: List[SourcePlan]
     encoder: Encoder
     specials: Mapping[str, Optional[int]]
+
+    def __getstate__(self) -> Dict[str, Any]:
+        # A worker never syncs ranks (the loader in the training process does), and a `rank_sync`
+        # (threads' barrier, a process group) cannot be pickled: left out, so that the factory still
+        # reaches a worker started clean (forkserver, spawn; pipes/loader/fork_guard.py).
+        state = dict(self.__dict__)
+        run = self.spec.run
+        if run.rank_sync is not None:
+            state["spec"] = replace(self.spec, run=replace(run, rank_sync=None))
+        return state
 
     def first_fetches(self) -> List[Any]:
         """The first fetches the build (and `fetch_first`) started in this process, one per remote source

@@ -97,3 +97,20 @@ def test_a_process_that_exits_while_fastokens_builds_waits_for_the_build(tok_pat
                          capture_output=True, text=True, timeout=LIMIT_S)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "alive at exit: []" in out.stdout, out.stdout + out.stderr[-2000:]
+
+
+def test_a_factory_with_a_rank_sync_can_still_start_workers_clean(corpus, tok_path):
+    """Ranks kept in step by a `rank_sync` (threads' barrier, a process group: not picklable) still get
+    a factory a worker started clean can take: the fork guard's way out is not closed to them. The
+    sync stays with the loader; the worker's copy has none (workers never sync)."""
+    import pickle
+
+    from tokenloom.pipes.loader.fork_guard import picklable
+    from tokenloom.pipes.loader.rank_sync import ThreadSync
+    from tokenloom.recipes import pretrain
+    sync = ThreadSync(2)
+    loader = pretrain(corpus[0], tokenizer=tok_path, seq_len=64, batch_size=2, epochs=1, num_workers=1, rank=0,
+                      world_size=2, rank_sync=sync)
+    assert picklable(loader.dataset.factory)
+    assert pickle.loads(pickle.dumps(loader.dataset.factory)).spec.run.rank_sync is None
+    assert loader.dataset.factory.spec.run.rank_sync is sync and loader.rank_sync is sync

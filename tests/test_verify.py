@@ -204,3 +204,13 @@ def test_the_elastic_check_holds_for_sft_with_its_masked_labels(tmp_path, tok_pa
     (elastic,) = [c for c in report.checks if c.name.startswith("elastic")]
     assert report.ok, str(report)
     assert "tokens exactly once" in elastic.where, elastic.where
+
+
+def test_the_progress_ticks_each_batch_of_a_check(corpus, tok_path):
+    glob, _ = corpus
+    ticks = []
+    verify(lambda: pretrain(glob, tokenizer=tok_path, seq_len=64, batch_size=2), steps=6, points=0, chain=False,
+           tick=lambda done, tokens, total: ticks.append((done, tokens, total)))
+    # the reference (6 of 6), the second run, then the resumes at 0, 1 and 5 to the reference's end
+    assert ticks[:6] == [(i + 1, ticks[i][1], 6) for i in range(6)] and ticks[5][1] > ticks[0][1] > 0
+    assert [t[2] for t in ticks[12:]] == [6] * 6 + [5] * 5 + [1], ticks

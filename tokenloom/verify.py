@@ -85,14 +85,28 @@ class Report:
         return "\n".join([head] + [str(c) for c in self.checks] + tail)
 
 
-def _take(it: Iterator[Any], n: int, loader: Any = None, sources: Optional[List[Dict[str, Tuple[int, int]]]] = None) -> List[Any]:
+#: ``tick(batches done, tokens done, batches expected or None)``, after each batch of a check.
+Tick = Callable[[int, int, Optional[int]], None]
+
+
+def _tokens_in(batch: Any) -> int:
+    """The tokens of a packed batch (``segment_ids > 0``), for a progress display; 0 for another."""
+    seg = batch.get("segment_ids") if isinstance(batch, dict) else None
+    return int((seg > 0).sum()) if isinstance(seg, torch.Tensor) else 0
+
+
+def _take(it: Iterator[Any], n: int, loader: Any = None, sources: Optional[List[Dict[str, Tuple[int, int]]]] = None,
+          tick: Optional[Tick] = None, total: Optional[int] = None) -> List[Any]:
     """The next ``n`` batches of ``it`` (fewer if it ends); with ``sources``, the tokens per source of
     ``loader.stats()`` after each of them are appended to it."""
-    out = []
+    out, tokens = [], 0
     for batch in it:
         out.append(batch)
         if sources is not None:
             sources.append(_source_tokens(loader))
+        if tick is not None:
+            tokens += _tokens_in(batch)
+            tick(len(out), tokens, total)
         if len(out) >= n:
             break
     return out
@@ -174,7 +188,8 @@ def verify(build: Callable[..., Any], *, steps: int = 60, points: int = 3, seed:
            progress: Optional[Callable[[str], None]] = None,
            fresh_process: Optional[Callable[[Any, int], List[Any]]] = None,
            elastic: Sequence[Tuple[Topology, Topology]] = (),
-           decode: Optional[Callable[[List[int]], str]] = None, timeout: float = 600) -> Report:
+           decode: Optional[Callable[[List[int]], str]] = None, timeout: float = 600,
+           tick: Optional[Tick] = None) -> Report:
     """Check that ``build()``'s loader resumes exactly (module docstring) and return the `Report`.
 
     Args:
@@ -193,19 +208,22 @@ def verify(build: Callable[..., Any], *, steps: int = 60, points: int = 3, seed:
             at a step drawn with ``seed``, resumed on the second; the stream must be finite and deliver each
             document a fixed number of times (one source, or ``cycle_exhausted=False``; not ``bestfit-crop``).
         decode: token ids -> text, to show the segment where a batch differs (``tokenizer.decode``).
-        timeout: seconds an elastic run of ranks may take before it fails as a hang."""
+        timeout: seconds an elastic run of ranks may take before it fails as a hang.
+        tick: called after each batch of the reference, the second run and the resumes with the batches
+            and tokens done in that check and the batches it expects (None: not known), for a progress bar
+            (``tokenloom verify`` draws one per check)."""
     if steps < 2:
         raise ValueError(f"verify(steps={steps}): give at least 2 batches")
     say = progress or (lambda line: None)
     say(f"reference: {'the whole stream' if steps >= 10**9 else f'{steps} batches'}")
     loader = build()
     sources: List[Dict[str, Tuple[int, int]]] = [_source_tokens(loader)]
-    reference = _take(iter(loader), steps, loader, sources)
+    reference = _take(iter(loader), steps, loader, sources, tick=tick, total=None if steps >= 10**9 else steps)
     del loader
     n = len(reference)
     report = Report(n)
     say("determinism: a second run")
-    again = _take(iter(build()), n)
+    again = _take(iter(build()), n, tick=tick, total=n)
     report.checks.append(_compare("a second run gives the same batches", reference, again, 0, decode=decode))
     if not report.checks[-1].ok:
         return report  # nothing resumes exactly from a stream that is not the same twice
@@ -218,7 +236,7 @@ def verify(build: Callable[..., Any], *, steps: int = 60, points: int = 3, seed:
     for k in sorted(chosen):
         label = f"resume at step {k}" + (" (right after a source finished a pass)" if k == after_pass else "")
         say(label)
-        report.checks.append(_guarded(label, lambda: _resume_at(label, build, reference, sources, k, decode)))
+        report.checks.append(_guarded(label, lambda: _resume_at(label, build, reference, sources, k, decode, tick)))
     middle = sorted(chosen)[len(chosen) // 2]
     if fresh_process is not None:
         say(f"resume at step {middle} in a fresh process")
@@ -227,7 +245,7 @@ def verify(build: Callable[..., Any], *, steps: int = 60, points: int = 3, seed:
     if chain:
         say(f"chained resume at step {middle}")
         report.checks.append(_guarded(f"resume of a state saved right after a load (step {middle})",
-                                      lambda: _chained(build, reference, sources, middle, decode)))
+                                      lambda: _chained(build, reference, sources, middle, decode, tick)))
     for old, new in elastic:
         name = f"elastic: saved on {old[0]} rank(s) x {old[1]} worker(s), resumed on {new[0]} x {new[1]}"
         at = rng.uniform(0.2, 0.8)
@@ -266,22 +284,26 @@ def _state_at(build: Callable[[], Any], k: int) -> Any:
 
 
 def _resume_at(name: str, build: Callable[[], Any], reference: List[Any], sources: List[Dict[str, Tuple[int, int]]], k: int,
-               decode: Optional[Callable[[List[int]], str]]) -> Check:
+               decode: Optional[Callable[[List[int]], str]], tick: Optional[Tick] = None) -> Check:
     state = torch_roundtrip(_state_at(build, k))
     resumed = build()
     resumed.load_state_dict(state)
-    return _rest(name, resumed, reference, sources, k, decode)
+    return _rest(name, resumed, reference, sources, k, decode, tick)
 
 
 def _rest(name: str, resumed: Any, reference: List[Any], sources: List[Dict[str, Tuple[int, int]]], k: int,
-          decode: Optional[Callable[[List[int]], str]]) -> Check:
+          decode: Optional[Callable[[List[int]], str]], tick: Optional[Tick] = None) -> Check:
     """Compare what ``resumed`` gives with the reference from step ``k``; an error names its step."""
     got: List[Any] = []
     got_sources: List[Dict[str, Tuple[int, int]]] = []
+    tokens = 0
     try:
         for batch in iter(resumed):
             got.append(batch)
             got_sources.append(_source_tokens(resumed))
+            if tick is not None:
+                tokens += _tokens_in(batch)
+                tick(len(got), tokens, len(reference) - k)
             if len(got) >= len(reference) - k:
                 break
     except Exception as e:  # noqa: BLE001 - the step it failed at is what the user needs
@@ -297,7 +319,7 @@ def _in_fresh_process(build: Callable[[], Any], reference: List[Any], k: int,
 
 
 def _chained(build: Callable[[], Any], reference: List[Any], sources: List[Dict[str, Tuple[int, int]]], k: int,
-             decode: Optional[Callable[[List[int]], str]]) -> Check:
+             decode: Optional[Callable[[List[int]], str]], tick: Optional[Tick] = None) -> Check:
     first = torch_roundtrip(_state_at(build, k))
     middle = build()
     middle.load_state_dict(first)
@@ -305,4 +327,4 @@ def _chained(build: Callable[[], Any], reference: List[Any], sources: List[Dict[
     del middle
     last = build()
     last.load_state_dict(second)
-    return _rest(f"resume of a state saved right after a load (step {k})", last, reference, sources, k, decode)
+    return _rest(f"resume of a state saved right after a load (step {k})", last, reference, sources, k, decode, tick)

@@ -19,11 +19,12 @@ import os
 import subprocess
 import sys
 import tempfile
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
 from .cli_config import add_loader_arguments, build_loader, describe, merged_settings
+from .progress import Progress
 from .state_file import save
 from .verify import verify
 
@@ -99,6 +100,29 @@ def _run_resumed(argv: List[str], state: Any, count: int) -> List[Any]:
         return torch.load(dumped, weights_only=True)
 
 
+class Bars:
+    """A progress bar per check on stderr (tokenloom/progress.py): ``line`` starts a check (its line
+    printed on stdout as before), ``tick`` moves its bar."""
+
+    def __init__(self, enabled: bool):
+        self.enabled, self.bar = enabled, None
+
+    def line(self, text: str) -> None:
+        self.close()
+        print(f"  {text}", flush=True)
+        self.bar = Progress(f"    {text[:40]}", None, enabled=self.enabled)
+
+    def tick(self, done: int, tokens: int, total: Optional[int]) -> None:
+        if self.bar is not None:
+            self.bar.total = total
+            self.bar.update(done, tokens)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
 def run(args: argparse.Namespace) -> int:
     from tokenloom.pipes import load_encoder
 
@@ -115,11 +139,15 @@ def run(args: argparse.Namespace) -> int:
     why = why_not_elastic({**settings, "recipe": recipe}, sources)
     pairs = [] if why else elastic_pairs(workers, args.quick)
     decode = load_encoder(tokenizer).decode if isinstance(tokenizer, str) else None
-    report = verify(lambda **topology: build_loader(settings, **topology)[1], steps=steps, points=points,
-                    seed=args.check_seed,
-                    progress=None if args.quiet else (lambda line: print(f"  {line}", flush=True)),
-                    fresh_process=lambda state, count: _run_resumed(args.argv, state, count),
-                    elastic=pairs, decode=decode)
+    # A bar per check on a terminal; in a log, the line per check is enough (a bar's deciles would be ten more)
+    bars = Bars(enabled=not args.quiet and sys.stderr.isatty())
+    try:
+        report = verify(lambda **topology: build_loader(settings, **topology)[1], steps=steps, points=points,
+                        seed=args.check_seed, progress=None if args.quiet else bars.line,
+                        fresh_process=lambda state, count: _run_resumed(args.argv, state, count),
+                        elastic=pairs, decode=decode, tick=bars.tick if bars.enabled else None)
+    finally:
+        bars.close()
     print(report)
     if why:
         print(f"other topologies (ranks, workers): not checked: {why}")
