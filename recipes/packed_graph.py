@@ -127,8 +127,8 @@ class PackedGraph:
                 renderers.append(branches[plan.name])
         feeds: Mapping[str, Any] = branches
         if pack.packing == "bestfit" and not single and chat is None:
-            # Long documents reach the mixer in pieces of a row, so the shares hold early (pipes/pieces.py).
-            feeds = {n: Pieces(b, piece=pack.seq_len + 1) for n, b in branches.items()}
+            # Long documents reach the mixer in pieces of `piece_rows` rows, so the shares hold early (pipes/pieces.py).
+            feeds = {n: Pieces(b, piece=pack.piece_rows * (pack.seq_len + 1)) for n, b in branches.items()}
         clock = StepClock(ctx.worker, ctx.num_workers, base=ctx.elastic[STEP] if ctx.elastic else 0)
         if single:
             mixed, mixer = branches[self.plans[0].name], None

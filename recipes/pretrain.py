@@ -49,6 +49,7 @@ def pretrain(
     buffer_tokens: Optional[int] = None,
     max_wait: Optional[int] = None,
     min_fill: int = 1,
+    piece_rows: int = 1,
     cache: Any = None,
     cache_strict: bool = False,
     engine: Optional[str] = None,
@@ -82,6 +83,9 @@ def pretrain(
     for tokens (benchmarks/RESULTS.md, "crop wait"). ``min_fill`` (``bestfit``): the least gap at a
     row's end that is filled by cutting a long document; a smaller gap is padded, so no document
     is cut into a piece shorter than ``min_fill`` at a row's end (default 1: every gap is filled).
+    ``piece_rows`` (``bestfit``, several sources): a long document reaches the mixer in pieces of this many
+    rows (default 1: the shares hold from the first batches); more rows cost the workers less with several
+    sources (docs/performance.md, "Many sources"), the shares holding less tightly.
     ``engine``: what encodes a tokenizer.json (None: ``$TOKENLOOM_ENGINE``, else ``"auto"``, the fastest
     engine that gives `tokenizers`' ids: fastokens, tiktoken, `tokenizers`); every engine gives the same batches.
     ``cache``: the directory (path or URI) ``tokenloom tokenize --out`` wrote, or ``{name: directory}``:

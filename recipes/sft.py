@@ -62,6 +62,7 @@ def sft(
     buffer_tokens: Optional[int] = None,
     max_wait: Optional[int] = None,
     min_fill: int = 1,
+    piece_rows: int = 1,
     engine: Optional[str] = None,
     read_budget: Optional[int] = READ_BUDGET,
     retry: Optional[RetryPolicy] = None,

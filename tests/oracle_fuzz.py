@@ -233,9 +233,17 @@ def draw(seed: int) -> Scenario:
     # so those keep the scenarios their comments describe.
     if not sc.chat and MANY_AT <= rng.random() < MANY_AT + MANY_P:
         many_sources(rng, sc)
+    # Drawn last, as above, in a window none of the CI's seeds falls in: pieces of more than a row (`piece_rows`,
+    # pretrain bestfit with several sources), from 2 rows to more than any document here (whole documents).
+    if (PIECES_AT <= rng.random() < PIECES_AT + PIECES_P and sc.packing == "bestfit" and not sc.chat
+            and not sc.composed and len(sc.sources) > 1):
+        sc.loader["piece_rows"] = rng.choice([2, 3, 8, 1000])
     return sc
 
 
+#: The share of scenarios whose long documents come in pieces of more than a row (``piece_rows``).
+PIECES_P = 0.2
+PIECES_AT = 0.1
 #: The share of scenarios drawn with many sources (`many_sources`); ``--many`` runs only those.
 MANY_P = 0.1
 MANY_AT = 0.36

@@ -309,3 +309,45 @@ def test_pretrain_with_pieces_resumes_exactly(tmp_path, tok_path, num_workers):
             next(it)
             if k in (7, 31):
                 assert 0 < loader.stats()["sources"]["b"]["tokens"] < n
+
+
+def test_piece_rows_sets_the_pieces_size_and_is_checked_at_resume(tmp_path, tok_path):
+    """``piece_rows``: b's long document in pieces of 8 rows takes turns less often with a's short ones
+    (its share swings wider over the first batches than with pieces of a row, narrower than whole);
+    a resume is exact (0 and 2 workers); a state loads only into the same piece_rows, which the refusal
+    names; left at 1, the config is a state's before the setting existed."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tokenloom.recipes import pretrain
+
+    from .resume import check_loader_resume
+
+    words = " ".join(f"w{i % 997}" for i in range(12_000))
+    pq.write_table(pa.table({"text": [f"note {i} on the short side." for i in range(3000)]}), tmp_path / "a.parquet")
+    pq.write_table(pa.table({"text": [words] * 4}), tmp_path / "b.parquet")
+    sources = {"a": str(tmp_path / "a.parquet"), "b": str(tmp_path / "b.parquet")}
+
+    def build(piece_rows=1, num_workers=0):
+        return pretrain(sources, tokenizer=tok_path, seq_len=T, batch_size=2, weights={"a": 0.5, "b": 0.5},
+                        num_workers=num_workers, piece_rows=piece_rows)
+
+    def swing(piece_rows):
+        loader, worst = build(piece_rows), 0.0
+        it = iter(loader)
+        for k in range(120):
+            next(it)
+            if k >= 20:
+                worst = max(worst, abs(loader.stats()["sources"]["b"]["share"] - 0.5))
+        return worst
+
+    one, eight = swing(1), swing(8)
+    assert one < eight < 0.3, (one, eight)
+    for workers in (0, 2):
+        check_loader_resume(lambda: build(8, workers), steps=[5, 23], total=36)
+    assert "piece_rows" not in build().config and build(8).config["piece_rows"] == 8
+    state = build(8).state_dict()
+    with pytest.raises(ValueError, match=r"piece_rows"):
+        build(1).load_state_dict(state)
+    with pytest.raises(ValueError, match=r"piece_rows=0 must be >= 1"):
+        build(0)
