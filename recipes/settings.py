@@ -246,7 +246,7 @@ class PackSettings:
     piece_rows: int = setting(
         1, doc="pretrain, bestfit, several sources: a long document reaches the mixer in pieces of this many rows' "
                "worth of tokens (pipes/pieces.py); more rows cost the workers less per token with several sources "
-               "(16 sources, 2 workers: ~1.35x batches/s at 8) and hold the shares less tightly",
+               "and hold the shares less tightly (docs/performance.md, 'Many sources')",
         check=at_least(1), hint="pass the same piece_rows (it decides the order documents are mixed in)",
         follows=("packing",), follows_when_absent=True, absent=1, cli=Cli(type=int))
 

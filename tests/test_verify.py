@@ -42,6 +42,18 @@ class Graph:
         return Batch(BestFitPack(node, seq_len=63, buffer_size=8), batch_size=2, seq_len=63)
 
 
+@dataclass
+class Unpacked(Graph):
+    """`Graph` packed flat: a forgetful node's resume gives other batches rather than a packer's error."""
+
+    def __call__(self, ctx: ShardContext):
+        from tokenloom.pipes import FlatPack
+        units = list_parquet_units(resolve_files(self.glob), "text")
+        node = ShardUnits(units.rows, shard=ctx.shard, num_shards=ctx.num_shards, seed=1)
+        node = self.node(Tokenize(ReadParquet(node, units, seed=1), load_encoder(self.tokenizer), bos=0), 0)
+        return Batch(FlatPack(node, seq_len=63), batch_size=2, seq_len=63)
+
+
 def test_a_node_that_forgets_a_counter_fails_naming_the_step_and_the_row(corpus, tok_path):
     glob, _ = corpus
     good = verify(lambda: TokenLoomLoader(Graph(glob, tok_path, LengthFilter), config={}), steps=16)
@@ -70,14 +82,6 @@ def test_first_difference_names_key_row_and_position():
 def test_a_difference_without_an_error_names_the_row(corpus, tok_path):
     glob, _ = corpus
 
-    @dataclass
-    class Unpacked(Graph):
-        def __call__(self, ctx):
-            from tokenloom.pipes import FlatPack
-            units = list_parquet_units(resolve_files(self.glob), "text")
-            node = ShardUnits(units.rows, shard=ctx.shard, num_shards=ctx.num_shards, seed=1)
-            node = self.node(Tokenize(ReadParquet(node, units, seed=1), load_encoder(self.tokenizer), bos=0), 0)
-            return Batch(FlatPack(node, seq_len=63), batch_size=2, seq_len=63)
     bad = verify(lambda: TokenLoomLoader(Unpacked(glob, tok_path, ForgetfulSampler), config={}), steps=16)
     differs = [c for c in bad.checks if not c.ok and "differs" in c.where]
     assert differs and all("row" in c.where and "position" in c.where for c in differs), str(bad)
@@ -170,14 +174,6 @@ def test_a_difference_names_the_segment_and_its_text(corpus, tok_path):
     glob, _ = corpus
     enc = load_encoder(tok_path)
 
-    @dataclass
-    class Unpacked(Graph):
-        def __call__(self, ctx):
-            from tokenloom.pipes import FlatPack
-            units = list_parquet_units(resolve_files(self.glob), "text")
-            node = ShardUnits(units.rows, shard=ctx.shard, num_shards=ctx.num_shards, seed=1)
-            node = self.node(Tokenize(ReadParquet(node, units, seed=1), load_encoder(self.tokenizer), bos=0), 0)
-            return Batch(FlatPack(node, seq_len=63), batch_size=2, seq_len=63)
     bad = verify(lambda: TokenLoomLoader(Unpacked(glob, tok_path, ForgetfulSampler), config={}), steps=16,
                  decode=enc.decode)
     differs = [c for c in bad.checks if not c.ok and "differs" in c.where]
