@@ -44,7 +44,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 import torch
 
 from .testing import items_equal, torch_roundtrip
-from .verify_elastic import Topology, check_elastic
+from .verify_elastic import Topology, check_elastic, source_counts
 
 __all__ = ["Check", "Report", "verify"]
 
@@ -115,9 +115,7 @@ def _take(it: Iterator[Any], n: int, loader: Any = None, sources: Optional[List[
 def _source_tokens(loader: Any) -> Dict[str, Tuple[int, int]]:
     """Per source, the tokens delivered and the passes finished so far, from ``loader.stats()``
     (empty when it has no sources)."""
-    stats = loader.stats() if hasattr(loader, "stats") else {}
-    return {name: (s["tokens"], int(s.get("epochs") or 0)) for name, s in (stats.get("sources") or {}).items()
-            if isinstance(s, dict) and isinstance(s.get("tokens"), int)}
+    return source_counts(loader.stats() if hasattr(loader, "stats") else {})
 
 
 def first_difference(want: Any, got: Any, decode: Optional[Callable[[List[int]], str]] = None) -> str:

@@ -40,7 +40,7 @@ import numpy as np
 
 from .testing import torch_roundtrip
 
-__all__ = ["RankRun", "Tally", "Topology", "check_elastic", "run_ranks"]
+__all__ = ["RankRun", "Tally", "Topology", "check_elastic", "run_ranks", "source_counts"]
 
 #: ``(world_size, num_workers)``.
 Topology = Tuple[int, int]
@@ -161,14 +161,20 @@ def _tally(runs: Sequence[Sequence[Any]]) -> Tally:
     return t
 
 
+def source_counts(stats: Dict[str, Any]) -> Dict[str, Tuple[int, int]]:
+    """Per source in a loader's ``stats()``, the tokens delivered and the passes finished (empty for a
+    loader whose statistics have no sources)."""
+    return {name: (s["tokens"], int(s.get("epochs") or 0)) for name, s in (stats.get("sources") or {}).items()
+            if isinstance(s, dict) and isinstance(s.get("tokens"), int)}
+
+
 def _source_tokens(runs: Sequence[RankRun]) -> Dict[str, int]:
     """Tokens per source summed over the ranks' final ``stats()`` (an elastic resume carries the
     old ranks' totals, so the new ranks' sum covers the whole epoch)."""
     out: Dict[str, int] = {}
     for run in runs:
-        for name, s in (run.stats.get("sources") or {}).items():
-            if isinstance(s, dict) and isinstance(s.get("tokens"), int):
-                out[name] = out.get(name, 0) + s["tokens"]
+        for name, (tokens, _) in source_counts(run.stats).items():
+            out[name] = out.get(name, 0) + tokens
     return out
 
 
