@@ -299,10 +299,12 @@ class Mix(Node[TokenDoc]):
             # The most under-served source since the era began: argmax(share / mass * total - lag), ties
             # to the first; shares renormalised over the sources that can still be picked. One numpy
             # pass: the same float operations, in the same order, as a loop over the sources.
-            mask, ratio, mass, _ = self._choice_arrays(self._shares())
+            mask, ratio, mass, blocked = self._choice_arrays(self._shares())
             if mass == 0:
                 return -1
             lag = self._lag
+            if not blocked:  # every source usable: the same values, two numpy calls fewer a pick
+                return int(np.argmax(ratio * float(lag.sum()) - lag))
             total = float(lag[mask].sum())  # an exact int sum, as the running float sum of ints was
             return int(np.argmax(np.where(mask, ratio * total - lag, -np.inf)))
         if self.strategy == "random":

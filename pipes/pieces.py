@@ -35,7 +35,7 @@ from typing import Any, Dict, Optional
 import numpy as np
 
 from .base import Node, StateError
-from .items import TokenDoc, origin_rows
+from .items import TokenDoc
 from .roles import PIECES
 
 #: ``picked`` of a save point row (pack/savepoint.py) for the rest of a document held here.
@@ -135,9 +135,8 @@ class Pieces(Node[TokenDoc]):
             return np.asarray([[source, HELD, epoch, unit, pos, off]], np.int64)
         if self._doc is None:
             return _NONE
-        rows = origin_rows([self._doc._replace(used=self._off)], source)
-        rows[:, 1] = HELD
-        return rows
+        d = self._doc
+        return np.array([[source, HELD, d.epoch, d.unit, d.pos, self._off]], np.int64)
 
 
 _NONE = np.zeros((0, 6), np.int64)

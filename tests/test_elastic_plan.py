@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 from typing import Any, Dict, List, Optional, Sequence
 
+import numpy as np
 import pytest
 
 from tokenloom.pipes.graph import role_of as _kind, walk as _nodes
@@ -319,3 +320,18 @@ def test_old_shards_are_not_read_again(corpus, monkeypatch):
     oracle = Oracle(corpus, epochs=1, mode="bestfit", end_label=0)
     run_chain(build, [Hop(2, 1, 6), Hop(3, 1, None)], oracle)
     oracle.finish()
+
+
+def test_rows_in_matches_rows_by_all_their_columns():
+    """The save point's row matching (which held rests the packer already covers) against a set
+    built in Python, with duplicates on both sides and rows that differ in one column only."""
+    from tokenloom.pipes.pack.savepoint import _rows_in
+
+    rng = np.random.default_rng(7)
+    for trial in range(200):
+        k = int(rng.integers(1, 4))  # small values: many equal columns, some equal rows
+        rows = rng.integers(0, k + 1, (int(rng.integers(0, 12)), 4))
+        among = rng.integers(0, k + 1, (int(rng.integers(0, 12)), 4))
+        among[:, 3] += int(rng.integers(0, 2)) * 10**12  # large values too
+        want = [tuple(r) in set(map(tuple, among.tolist())) for r in rows.tolist()]
+        assert _rows_in(rows, among).tolist() == want, (trial, rows, among)

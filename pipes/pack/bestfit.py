@@ -199,6 +199,7 @@ class BestFitPack(Node[Row]):
         self._replay_live: Dict[int, int] = {}
         self._open: Dict[str, int] = {}  # source -> seq of its document arriving in pieces (pipes/pieces.py)
         self._open_slot: Dict[str, int] = {}  # source -> that document's slot (an open slot is never freed)
+        self._open_at: Optional[np.ndarray] = None  # _open_slot's slots as an array (None: made again when asked)
         self._stats = new_stats()
         # Per slot, its document as a row of the save point's table (source index, 1, epoch, unit,
         # pos, used), filled in by get_state for the documents pulled since the previous one (savepoint.py).
@@ -255,6 +256,7 @@ class BestFitPack(Node[Row]):
         if more:
             self._open[doc.source] = seq
             self._open_slot[doc.source] = self._slot_of[seq]
+            self._open_at = None
             heappush(self._pieced, seq)
             self._unparked.add(seq)
         else:
@@ -277,6 +279,7 @@ class BestFitPack(Node[Row]):
         if not doc.more:
             del self._open[doc.source]
             del self._open_slot[doc.source]
+            self._open_at = None
         return added
 
     def _parked(self) -> Tuple[np.ndarray, np.ndarray]:
@@ -284,7 +287,9 @@ class BestFitPack(Node[Row]):
         At most one open document a source: numpy over them, not a call each."""
         slots = self._slots
         slots.used_array()  # flushes the staged slots into the arrays
-        at = np.fromiter(self._open_slot.values(), np.int64, len(self._open_slot))
+        at = self._open_at
+        if at is None:  # opened and ended about once a long document: asked for about twice a row
+            at = self._open_at = np.fromiter(self._open_slot.values(), np.int64, len(self._open_slot))
         rest = slots.len[at].astype(np.int64) - slots.used[at]
         parked = (slots.opened[at] != 0) & (rest <= slots.C)
         return at[parked], rest[parked]
@@ -299,6 +304,7 @@ class BestFitPack(Node[Row]):
             self._unparked.add(seq)
         self._open.clear()
         self._open_slot.clear()
+        self._open_at = None
 
     def _replay(self) -> None:
         """Rebuild the buffer after a restore by re-reading the window [base, pulled)."""
@@ -376,6 +382,7 @@ class BestFitPack(Node[Row]):
                 if more:
                     self._open[doc.source] = seq
                     self._open_slot[doc.source] = self._slot_of[seq]
+                    self._open_at = None
                     heappush(self._pieced, seq)
                     self._unparked.add(seq)
                 else:
