@@ -203,6 +203,26 @@ def test_a_buffer_smaller_than_the_sources_in_pieces_resumes_at_every_step(buffe
                              max_steps=80) == 80
 
 
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(1, 5 * C), min_size=1, max_size=6), st.lists(st.integers(1, 5 * C), min_size=1,
+                                                                        max_size=6),
+       st.lists(st.integers(1, 5 * C), min_size=1, max_size=6), st.integers(1, 6))
+def test_the_parked_slots_are_kept_as_they_change(la, lb, lc, buffer_size):
+    """`core.Slots` keeps its parked slots and their tokens as pieces arrive and rows place from them, rather
+    than the packer scanning its open slots each row: after every row they are what the arrays say."""
+    feeds = {n: Pieces(Docs(n, ls, k * B), piece=C) for k, (n, ls) in enumerate(zip("abc", (la, lb, lc)))}
+    packer = BestFitPack(Mix(feeds, weights={"a": 1, "b": 1, "c": 1}), seq_len=T, buffer_size=buffer_size)
+    packer.reset()
+    for _ in range(40):
+        packer.next()
+        slots = packer._slots
+        slots.used_array()  # staged slots into the arrays
+        rest = slots.len.astype(np.int64) - slots.used
+        want = {s: int(rest[s]) for s in np.flatnonzero((slots.opened != 0) & (rest <= C)).tolist()}
+        assert slots.parked_rest == want
+        assert slots.parked_tokens == sum(want.values())
+
+
 @settings(max_examples=25, deadline=None)
 @given(st.lists(st.integers(1, 5 * C), min_size=1, max_size=8), st.lists(st.integers(1, 9 * C), min_size=1,
                                                                         max_size=8),

@@ -198,8 +198,6 @@ class BestFitPack(Node[Row]):
         self._replay_to = 0
         self._replay_live: Dict[int, int] = {}
         self._open: Dict[str, int] = {}  # source -> seq of its document arriving in pieces (pipes/pieces.py)
-        self._open_slot: Dict[str, int] = {}  # source -> that document's slot (an open slot is never freed)
-        self._open_at: Optional[np.ndarray] = None  # _open_slot's slots as an array (None: made again when asked)
         self._stats = new_stats()
         # Per slot, its document as a row of the save point's table (source index, 1, epoch, unit,
         # pos, used), filled in by get_state for the documents pulled since the previous one (savepoint.py).
@@ -255,8 +253,6 @@ class BestFitPack(Node[Row]):
         self._slot_of[seq] = self._slots.add(seq, doc.ids, used, doc.mask, doc.source, more)
         if more:
             self._open[doc.source] = seq
-            self._open_slot[doc.source] = self._slot_of[seq]
-            self._open_at = None
             heappush(self._pieced, seq)
             self._unparked.add(seq)
         else:
@@ -278,24 +274,7 @@ class BestFitPack(Node[Row]):
         self._docs[seq] = doc
         if not doc.more:
             del self._open[doc.source]
-            del self._open_slot[doc.source]
-            self._open_at = None
         return added
-
-    def _parked(self) -> Tuple[np.ndarray, np.ndarray]:
-        """The parked slots (open, a row or less left: `core.Slots.parked`) and the tokens each holds.
-        At most one open document a source: numpy over them, not a call each."""
-        slots = self._slots
-        slots.used_array()  # flushes the staged slots into the arrays
-        at = self._open_at
-        if at is None:  # opened and ended about once a long document: asked for about twice a row
-            at = self._open_at = np.fromiter(self._open_slot.values(), np.int64, len(self._open_slot))
-        rest = slots.len[at].astype(np.int64) - slots.used[at]
-        parked = (slots.opened[at] != 0) & (rest <= slots.C)
-        return at[parked], rest[parked]
-
-    def _parked_tokens(self) -> int:
-        return int(self._parked()[1].sum())
 
     def _close_open(self) -> None:
         """Upstream ended with documents in pieces: what they hold ends them."""
@@ -303,8 +282,6 @@ class BestFitPack(Node[Row]):
             self._slots.close(self._slot_of[seq])
             self._unparked.add(seq)
         self._open.clear()
-        self._open_slot.clear()
-        self._open_at = None
 
     def _replay(self) -> None:
         """Rebuild the buffer after a restore by re-reading the window [base, pulled)."""
@@ -342,7 +319,7 @@ class BestFitPack(Node[Row]):
         ckpt_tokens = self.CHECKPOINT_ROWS * self.row_len
         limit = self.fill_limit()
         # minus what the row being built already took, and what parked pieces hold (they cannot be placed)
-        held = self._held - slots.row_taken - (self._parked_tokens() if self._open else 0)
+        held = self._held - slots.row_taken - slots.parked_tokens
         tokens = docs = 0
         total, since = self._tokens, self._since_ckpt
         cap, C = self.buffer_size, self.row_len
@@ -381,8 +358,6 @@ class BestFitPack(Node[Row]):
                 self._slot_of[seq] = slots.add(seq, doc.ids, used, doc.mask, doc.source, more)
                 if more:
                     self._open[doc.source] = seq
-                    self._open_slot[doc.source] = self._slot_of[seq]
-                    self._open_at = None
                     heappush(self._pieced, seq)
                     self._unparked.add(seq)
                 else:
@@ -432,7 +407,7 @@ class BestFitPack(Node[Row]):
         if self._unparked:
             # Documents in pieces: a parked one (pieces.py) never starts a row, and stays parked until its next
             # piece or the stream's end puts it back in _unparked (a placement only shortens what is left).
-            parked = set(self._parked()[0].tolist()) if self._open else ()
+            parked = self._slots.parked_rest
             for seq in list(self._unparked):
                 slot = slot_of.get(seq)
                 if slot is None or slot in parked:

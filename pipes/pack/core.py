@@ -40,7 +40,7 @@ position gives the identical index, and therefore identical rows.
 
 from __future__ import annotations
 
-from typing import Callable, List, NamedTuple, Optional, Sequence
+from typing import Callable, Dict, List, NamedTuple, Optional, Sequence
 
 import numpy as np
 
@@ -75,6 +75,10 @@ class Slots:
         self.tail = np.full(row_len + 1, -1, np.int32)
         self.bits = np.zeros((row_len >> 6) + 1, np.uint64)
         self.opened = np.zeros(S, np.uint8)  # 1: the document's next pieces are still to come (extend)
+        # The parked slots (`parked`) and the tokens each holds, kept as they change (an open slot is
+        # added, extended, closed or placed from), so a packer need not scan its open slots each row.
+        self.parked_rest: Dict[int, int] = {}
+        self.parked_tokens = 0
         self.docs: List[np.ndarray] = [_EMPTY] * S
         self.masks: List[Optional[np.ndarray]] = [None] * S
         self.free = list(range(S - 1, -1, -1))
@@ -134,6 +138,7 @@ class Slots:
             self.opened[s] = 1
             if len(ids) - used <= self.C:  # parked: set up now, indexed when its next piece comes
                 self.seq[s], self.len[s], self.used[s] = seq, len(ids), used
+                self._note(s)
                 return s
         p = self._pending
         p[0].append(s)
@@ -175,7 +180,18 @@ class Slots:
         # An indexed slot has more than a row left, so its next segment stays a full row: its place
         # in the index does not change. A parked one joins the index once it may be placed.
         self._unpark(s, was_parked)
+        self._note(s)
         return added
+
+    def _note(self, s: int) -> None:
+        """Slot ``s`` may have been parked or unparked: `parked_rest` and `parked_tokens` follow."""
+        rest = int(self.len[s]) - int(self.used[s])
+        old = self.parked_rest.pop(s, None)
+        if old is not None:
+            self.parked_tokens -= old
+        if self.opened[s] and rest <= self.C:
+            self.parked_rest[s] = rest
+            self.parked_tokens += rest
 
     def _unpark(self, s: int, was_parked: bool) -> None:
         if was_parked and not self.parked(s) and int(self.len[s]) > int(self.used[s]):
@@ -190,6 +206,7 @@ class Slots:
             was_parked = self.parked(s)
             self.opened[s] = 0
             self._unpark(s, was_parked)
+            self._note(s)
 
     def used_array(self) -> np.ndarray:
         """Tokens already taken from each slot's document (all slots; staged ones included)."""
@@ -201,6 +218,7 @@ class Slots:
             freed_seqs.append(self.owner[s])
             self.owner[s] = -1
             self.opened[s] = 0
+            self.parked_tokens -= self.parked_rest.pop(s, 0)  # none is: an open slot is never freed
             self.docs[s] = _EMPTY
             if self.masks[s] is not None:
                 self.masks[s] = None
@@ -233,8 +251,13 @@ class Slots:
                 self._segslot, self._segoff, self._freed, forced_arr, self.opened, self.C, self.mode, nforced,
                 self.min_fill, pos, nseg, 0, int(ended))
             discarded, cut, nforced = discarded + d, cut + c, 0
+            placed = self._segslot[before:nseg].tolist()
+            opened = self.opened
+            for s in placed:
+                if opened[s]:  # an open slot left with a row or less is parked
+                    self._note(s)
             # Capture what the freed slots held before a refill reuses them.
-            sources.extend(self.source[s] for s in self._segslot[before:nseg].tolist())
+            sources.extend(self.source[s] for s in placed)
             self._release(nfreed, freed_seqs)
             if not stuck:
                 break
