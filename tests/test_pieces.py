@@ -371,3 +371,32 @@ def test_piece_rows_sets_the_pieces_size_and_is_checked_at_resume(tmp_path, tok_
         build(1).load_state_dict(state)
     with pytest.raises(ValueError, match=r"piece_rows=0 must be >= 1"):
         build(0)
+
+
+def test_checkpoints_stay_bounded_while_documents_stay_open_for_long():
+    """With many sources a document in pieces stays buffered for thousands of pulls (its source's turn
+    comes about once per source), and the packer's base cannot move past it. The checkpoints in between
+    are thinned to those a state can still start from: as many as the buffer holds, not one per row pulled,
+    and every state is what it was with all of them kept."""
+    n = 16
+
+    def build(thin: bool):
+        feeds = {f"s{k}": Pieces(Docs(f"s{k}", [60 * C, 3, 2 * C + 7, 9], k * B), piece=C) for k in range(n)}
+        packer = BestFitPack(Mix(feeds, weights={f"s{k}": 1 for k in range(n)}), seq_len=T, buffer_size=8)
+        if not thin:
+            packer._thin_checkpoints = lambda: None
+        packer.reset()
+        return packer
+
+    thinned, kept = build(True), build(False)
+    most = {"thinned": 0, "kept": 0}
+    for step in range(900):
+        assert thinned.next().tokens.tolist() == kept.next().tokens.tolist()
+        assert thinned.state_dict() == kept.state_dict(), step
+        # the invariant itself: every buffered document's base (the last checkpoint at or before it) is kept
+        for seq in thinned._slot_of:
+            assert (max(s for s, _ in thinned._ckpts if s <= seq) == max(s for s, _ in kept._ckpts if s <= seq)), \
+                (step, seq)
+        most = {"thinned": max(most["thinned"], len(thinned._ckpts)), "kept": max(most["kept"], len(kept._ckpts))}
+    bound = 2 * (8 + n) + 64 + 1  # twice the buffer, with a document in pieces a source
+    assert most["thinned"] <= bound < 3 * bound < most["kept"], most

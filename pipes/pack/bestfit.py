@@ -455,6 +455,25 @@ class BestFitPack(Node[Row]):
         limit = self._pulled if oldest is None else oldest
         while len(self._ckpts) > 1 and self._ckpts[1][0] <= limit:
             self._ckpts.popleft()
+        if len(self._ckpts) > 2 * len(self._slot_of) + 64:
+            self._thin_checkpoints()
+
+    def _thin_checkpoints(self) -> None:
+        """Keep only the checkpoints a state can still start from: for each buffered document the
+        last one at or before it (the base once the documents before it are gone), and the newest.
+
+        Why: the base is the last checkpoint at or before the oldest buffered document, and a document
+        in pieces stays buffered until its last piece, which with many sources comes thousands of
+        pulls later (a source's turn comes about once per source); every checkpoint in between held
+        a state of the mixer (one entry per source), hundreds of MB a worker at 256 sources. Which
+        checkpoints are taken, and so every state, is unchanged."""
+        ckpts = self._ckpts
+        at = np.fromiter((seq for seq, _ in ckpts), np.int64, len(ckpts))
+        live = np.fromiter(self._slot_of.keys(), np.int64, len(self._slot_of))
+        keep = np.zeros(len(at), bool)
+        keep[-1] = True
+        keep[np.maximum(np.searchsorted(at, live, side="right") - 1, 0)] = True
+        self._ckpts = deque(c for c, k in zip(ckpts, keep.tolist()) if k)
 
     def get_state(self) -> Dict[str, Any]:
         if self._replay_to:
