@@ -20,7 +20,9 @@ parts (a worker sends only what changed, pipes/state_delta.py).
 so that every node checks the same things the same way: a state passed to
 ``reset`` must carry exactly ``STATE_KEYS`` (a state from another node, another
 version or another pipeline is refused with a message naming the node and the
-keys), and ``get_state`` must return exactly those keys at every step. A parent
+keys; only the keys of the class constant ``KEYS_ADDED``, added in a later loader
+state version, may be missing from a state saved before them), and ``get_state``
+must return exactly those keys at every step. A parent
 node's state always sits under one key of its child's state, so a pipeline's
 state is a tree that mirrors the graph.
 
@@ -54,7 +56,7 @@ def _describe(node: object) -> str:
 
 
 def check_state_keys(node: object, state: Mapping[str, Any], keys: Tuple[str, ...]) -> None:
-    """Raise `StateError` unless ``state`` has exactly ``keys``."""
+    """Raise `StateError` unless ``state`` has exactly ``keys`` (less any of the node's ``KEYS_ADDED``)."""
     if not isinstance(state, Mapping):
         raise StateError(
             f"{_describe(node)}: a saved state must be a dict, got {type(state).__name__}; "
@@ -62,7 +64,7 @@ def check_state_keys(node: object, state: Mapping[str, Any], keys: Tuple[str, ..
         )
     got = set(state)
     want = set(keys)
-    if got != want:
+    if got != want and not (got < want and want - got <= set(getattr(type(node), "KEYS_ADDED", ()))):
         missing = sorted(want - got)
         extra = sorted(got - want)
         raise StateError(

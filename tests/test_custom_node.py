@@ -93,6 +93,29 @@ def test_a_misbehaving_node_is_told_what_to_fix():
         node.reset({"a": 1})
 
 
+def test_only_keys_added_later_may_be_missing_from_a_saved_state():
+    class Grown(Node):
+        STATE_KEYS = ("a", "b", "c")
+        KEYS_ADDED = ("c",)  # a state saved before "c" existed restores without it
+
+        def reset(self, initial_state=None):
+            self.got = initial_state
+
+        def next(self):
+            return 1
+
+        def get_state(self):
+            return {"a": 1, "b": 2, "c": 3}
+
+    node = Grown()
+    node.reset({"a": 1, "b": 2})
+    assert node.got == {"a": 1, "b": 2}
+    with pytest.raises(ValueError, match=r"missing=\['b'\]"):
+        node.reset({"a": 1, "c": 3})
+    with pytest.raises(ValueError, match=r"extra=\['d'\]"):
+        node.reset({"a": 1, "b": 2, "c": 3, "d": 4})
+
+
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_custom_graph_through_the_loader(corpus, tok_path, num_workers):
     glob, _ = corpus

@@ -91,3 +91,38 @@ def test_not_a_state_and_wrong_version(corpus, tok_path):
     state["tokenloom"]["version"] = 99
     with pytest.raises(ValueError, match="version 99"):
         pretrain(glob, tokenizer=tok_path, seq_len=63, batch_size=2, buffer_size=40).load_state_dict(state)
+
+
+def test_a_version_7_state_still_loads(corpus, tok_path):
+    """Version 8 added best-fit's ``repull`` (documents that came in pieces, re-read from their latest
+    piece); a version-7 state is one without it, and resumes as it was saved."""
+    glob, _ = corpus
+    args = dict(tokenizer=tok_path, seq_len=63, batch_size=2, buffer_size=40)
+    loader = pretrain(glob, **args)
+    it = iter(loader)
+    for _ in range(3):
+        next(it)
+    state = decode_state(loader.state_dict())
+    want = next(it)
+    dropped = []
+
+    def drop(tree):
+        if isinstance(tree, dict):
+            if "repull" in tree:
+                dropped.append(tree.pop("repull"))
+            for v in tree.values():
+                drop(v)
+        elif isinstance(tree, list):
+            for v in tree:
+                drop(v)
+
+    drop(state)
+    assert dropped == [[]]  # one packer, no document in pieces (one source)
+    state["tokenloom"]["version"] = 7
+    other = pretrain(glob, **args)
+    other.load_state_dict(state)
+    got = next(iter(other))
+    assert all(torch.equal(want[k], got[k]) for k in want if isinstance(want[k], torch.Tensor))
+    state["tokenloom"]["version"] = 6
+    with pytest.raises(ValueError, match="versions 7, 8"):
+        pretrain(glob, **args).load_state_dict(state)

@@ -40,7 +40,7 @@ from ..compat.mp_queue import direct_context
 from .elastic_entry import point_of, read_old_states
 from .elastic import CARRY, apply_carry, build_shard, plan_shards, trimmed, worker_trees
 from .envelope import (KEY_PREFIX, STATE_FORMAT, STATE_VERSION, decode_state,  # noqa: F401 (re-exported)
-                       decode_with_digest, digest_of, encode_state, lineage_of)
+                       STATE_VERSIONS_READ, decode_with_digest, digest_of, encode_state, lineage_of)
 from .fetch_ahead import FetchAhead
 from .iteration import StatsIterator, WorkerInit, identity
 from .fork_guard import picklable, unsafe_pools
@@ -373,10 +373,11 @@ class TokenLoomLoader(AcceleratePrepared, IteratorHook, StatefulDataLoader):
         return nested_snapshot(super().state_dict())
 
     def _check_meta(self, meta: Mapping[str, Any], allow_weight_change: bool, topology: bool = True) -> None:
-        if meta.get(self.FORMAT) != STATE_FORMAT or meta.get(self.VERSION) != STATE_VERSION:
+        if meta.get(self.FORMAT) != STATE_FORMAT or meta.get(self.VERSION) not in STATE_VERSIONS_READ:
             raise ValueError(
                 f"loader state has format {meta.get(self.FORMAT)!r} version {meta.get(self.VERSION)!r}; this tokenloom "
-                f"reads {STATE_FORMAT!r} version {STATE_VERSION}. Resume with the tokenloom version that saved it."
+                f"reads {STATE_FORMAT!r} versions {', '.join(map(str, STATE_VERSIONS_READ))}. Resume with the "
+                "tokenloom version that saved it."
             )
         ignore = (("weights",) if allow_weight_change else ()) + (() if topology else TOPOLOGY)
         check_config(meta[self.CONFIG], self.config, ignore=ignore, hints=self.config_hints,

@@ -20,7 +20,11 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 #: 5: no segment starts in a row's label slot (flat, bestfit); the run's history (lineage) is saved.
 #: 6: packers record their save point (pack/savepoint.py): an elastic resume reads no old shard again.
 #: 7: with several sources, bestfit mixes long documents in pieces (pieces.py): a Pieces node above each branch.
-STATE_VERSION = 7
+#: 8: bestfit re-reads a document that came in pieces from its latest piece (its ``repull`` key), so its replay
+#:    window no longer reaches back to the first piece.
+STATE_VERSION = 8
+#: The versions a loader loads: a version-7 state is a version-8 one without ``repull`` (re-read as it was saved).
+STATE_VERSIONS_READ = (7, 8)
 STATE_FORMAT = "tokenloom.loader"
 
 #: The keys of the envelope's body: the meta and the inner StatefulDataLoader state.

@@ -66,13 +66,22 @@ stream's end holds at least one token.
 
 State (a position, never the buffer): the upstream state just before the pull
 of document number ``base`` (checkpoints every ``CHECKPOINT_EVERY`` pulls or
-``CHECKPOINT_ROWS`` rows' worth of tokens, at or before the oldest buffered
-document), the number of documents pulled, the offsets from ``base`` of the
-documents still buffered and how many tokens of each were already used. A
+``CHECKPOINT_ROWS`` rows' worth of tokens, at or before the pull each buffered
+document is re-read from), the number of documents pulled, the offsets from ``base``
+of the documents still buffered and how many tokens of each were already used. A
 restore re-reads and re-tokenizes the window ``[base, pulled)``, bounded by the
 delay bound, and re-inserts the listed documents; the index is a function of
 those alone, so the rows that follow are identical. At ``buffer_size=1000`` the
 state is at most ~1000 small ints, a few KB.
+
+A document that came in pieces is re-read from its latest piece, which holds the whole
+document up to there (pipes/pieces.py), not from its first: with many sources its next
+piece comes only with its source's next turn, so its first piece can lie thousands of
+pulls back, and a window reaching back to it made a restore re-read all of them
+(docs/performance.md, "Many sources"). Such a document keeps the number of its first
+piece (it orders the index) and may begin before ``base``; the state lists the pull of
+its latest piece and the tokens pulled up to its first (the delay bound counts them).
+Checkpoints no state can start from any more are dropped (`_thin_checkpoints`).
 """
 
 from __future__ import annotations
@@ -119,8 +128,10 @@ class BestFitPack(Node[Row]):
     State keys: ``PARENT`` (the parent's state at the replay window's start, document number
     ``BASE``), ``PULLED`` (documents pulled), ``LIVE`` and ``CONSUMED`` (the buffered documents, as
     offsets from ``BASE``, and the tokens of each delivered), ``ENDED``, ``STATS`` (the packing
-    statistics) and ``ELASTIC`` (the save point, pack/savepoint.py). A restore re-reads
-    ``[BASE, PULLED)`` and re-inserts the live documents: a position, never the buffer.
+    statistics), ``ELASTIC`` (the save point, pack/savepoint.py) and ``REPULL`` (per buffered
+    document re-read from a later piece: ``[its offset, its latest piece's pull, tokens pulled up to
+    its first]``, offsets from ``BASE``; missing from states saved before it: none). A restore
+    re-reads ``[BASE, PULLED)`` and re-inserts the live documents: a position, never the buffer.
     """
 
     ROLE = PACKER
@@ -133,7 +144,11 @@ class BestFitPack(Node[Row]):
     STATS = "stats"
     #: The save point in positions and counters, for an elastic resume (savepoint.py).
     ELASTIC = "elastic"
-    STATE_KEYS = (PARENT, BASE, PULLED, LIVE, CONSUMED, ENDED, STATS, ELASTIC)
+    #: Buffered documents that came in pieces, re-read from their latest piece (module docstring, "State").
+    REPULL = "repull"
+    STATE_KEYS = (PARENT, BASE, PULLED, LIVE, CONSUMED, ENDED, STATS, ELASTIC, REPULL)
+    #: Missing from states saved before loader state version 8: none re-read from a later piece.
+    KEYS_ADDED = (REPULL,)
 
     #: Upstream states are remembered every this many pulls, or once this many rows' worth of tokens were
     #: pulled since the last one: a restore replays at most that much before the oldest buffered document.
@@ -189,7 +204,14 @@ class BestFitPack(Node[Row]):
         self._pieced: List[int] = []
         self._unparked: set = set()
         self._tok_at: Dict[int, int] = {}  # seq -> tokens pulled up to and including it (origin: reset or base)
-        self._ckpts: Deque[Tuple[int, Dict[str, Any]]] = deque()
+        # (seq, the parent's state before pulling document seq, tokens pulled before it)
+        self._ckpts: Deque[Tuple[int, Dict[str, Any], int]] = deque()
+        # Per buffered document that came in pieces: the pull of its latest piece, which holds the whole
+        # document up to there (pieces.py), so a restore re-reads it from there; and a heap of (pull, seq),
+        # lazily pruned, for the earliest of them.
+        self._repull: Dict[int, int] = {}
+        self._repull_heap: List[Tuple[int, int]] = []
+        self._loaded_lists: Optional[Tuple[List[int], List[int], List[List[int]]]] = None
         self._pulled = 0
         self._tokens = 0  # tokens pulled, counted from the same origin as _tok_at
         self._since_ckpt = 0  # tokens pulled since the last checkpoint
@@ -217,12 +239,24 @@ class BestFitPack(Node[Row]):
         if len(live) != len(consumed):
             raise StateError(f"BestFitPack: saved state lists {len(live)} buffered documents and {len(consumed)} "
                              "offsets; the state is damaged: pass the value returned by state_dict() unchanged")
+        repull = [[int(x) for x in r] for r in initial_state.get(self.REPULL, ())]  # absent: none (or saved before)
+        self._replay_to = int(initial_state[self.PULLED])
+        # pull -> (seq, tokens delivered, tokens pulled up to it counted from base; None: count them in the replay)
+        self._replay_live = {base + o: (base + o, c, None) for o, c in zip(live, consumed)}
+        for o, pulled_at, tok in repull:
+            got = self._replay_live.pop(base + o, None)
+            if got is None or not base <= base + pulled_at < self._replay_to:
+                raise StateError(f"BestFitPack: saved state re-reads document {base + o} at pull {base + pulled_at}, "
+                                 f"but it lists no such buffered document or that pull is outside [{base}, "
+                                 f"{self._replay_to}); the state is damaged: pass the value returned by state_dict() "
+                                 "unchanged")
+            self._replay_live[base + pulled_at] = (base + o, got[1], tok)
         self.parent.reset(initial_state[self.PARENT])
         self._savepoint.load(initial_state[self.ELASTIC])
-        self._pulled = self._origin_from = base
-        self._ckpts.append((base, initial_state[self.PARENT]))
-        self._replay_to = int(initial_state[self.PULLED])
-        self._replay_live = {base + o: c for o, c in zip(live, consumed)}
+        self._pulled = base
+        self._origin_from = min([base] + [base + o for o in live])  # documents in pieces may start before base
+        self._ckpts.append((base, initial_state[self.PARENT], 0))
+        self._loaded_lists = (live, consumed, repull)
         self._ended = bool(initial_state[self.ENDED])
         self._stats = load_stats(initial_state[self.STATS])
 
@@ -245,28 +279,38 @@ class BestFitPack(Node[Row]):
         # saved base) takes the same ones as the packer that saved.
         if ((seq % self.CHECKPOINT_EVERY == 0 or self._since_ckpt >= self.CHECKPOINT_ROWS * self.row_len)
                 and (not self._ckpts or self._ckpts[-1][0] != seq)):
-            self._ckpts.append((seq, self.parent.state_dict()))
+            self._ckpts.append((seq, self.parent.state_dict(), self._tokens))
             self._since_ckpt = 0
 
-    def _add(self, seq: int, doc: TokenDoc, used: int) -> None:
+    def _add(self, seq: int, doc: TokenDoc, used: int, pulled_at: Optional[int] = None,
+             tok_at: Optional[int] = None) -> None:
+        """Buffer ``doc`` as document ``seq``. ``pulled_at``, ``tok_at``: a document that came in pieces,
+        re-read from its latest piece (pulled at ``pulled_at``), and the tokens pulled up to its first."""
         more = getattr(doc, "more", False)
         self._slot_of[seq] = self._slots.add(seq, doc.ids, used, doc.mask, doc.source, more)
         if more:
             self._open[doc.source] = seq
+        if more or pulled_at is not None:
             heappush(self._pieced, seq)
             self._unparked.add(seq)
+            self._note_pull(seq, seq if pulled_at is None else pulled_at)
         else:
             self._ages.append(seq)
         self._docs[seq] = doc
-        self._tok_at[seq] = self._tokens
+        self._tok_at[seq] = self._tokens if tok_at is None else tok_at
         self._held += len(doc.ids) - used
 
-    def _append(self, doc: TokenDoc) -> int:
-        """The next piece of the document its source has in pieces here: appended to its slot, so
-        the document is cut into rows as if it had come whole (pipes/pieces.py). Returns the tokens added
-        (the caller counts them as held)."""
+    def _note_pull(self, seq: int, pulled_at: int) -> None:
+        self._repull[seq] = pulled_at
+        heappush(self._repull_heap, (pulled_at, seq))
+
+    def _append(self, doc: TokenDoc, pulled_at: int) -> int:
+        """The next piece of the document its source has in pieces here (pulled as document number
+        ``pulled_at``): appended to its slot, so the document is cut into rows as if it had come whole
+        (pipes/pieces.py). Returns the tokens added (the caller counts them as held)."""
         seq = self._open[doc.source]
         self._unparked.add(seq)  # a new piece may unpark it
+        self._note_pull(seq, pulled_at)
         if doc.used != len(self._docs[seq].ids):
             raise RuntimeError(f"BestFitPack: a piece of source {doc.source!r} starts at token {doc.used}, but the "
                                f"piece before it ended at {len(self._docs[seq].ids)}; pieces must continue each other")
@@ -294,11 +338,15 @@ class BestFitPack(Node[Row]):
                 )
             seq, doc = got
             if doc.used and doc.source in self._open:  # a piece of a buffered document (open slots never free)
-                self._held += self._append(doc)
+                self._held += self._append(doc, seq)
                 continue
-            used = self._replay_live.pop(seq, None)
-            if used is not None:
-                self._add(seq, doc, used)
+            got = self._replay_live.pop(seq, None)
+            if got is not None:
+                first, used, tok = got
+                if tok is None:
+                    self._add(first, doc, used)
+                else:  # the latest piece of a document that came in pieces: all of it up to here
+                    self._add(first, doc, used, pulled_at=seq, tok_at=tok)
         if self._ended and self._open:
             self._close_open()
         self._replay_to = 0
@@ -329,7 +377,7 @@ class BestFitPack(Node[Row]):
         while not self._ended and ((slots.occupied - len(self._open) < cap and held < limit) or held <= 0):
             seq = self._pulled  # the body of _pull and _add, inlined: this loop runs once per document
             if (seq % every == 0 or since >= ckpt_tokens) and (not ckpts or ckpts[-1][0] != seq):
-                ckpts.append((seq, parent.state_dict()))
+                ckpts.append((seq, parent.state_dict(), total))
                 since = 0
             try:
                 doc = parent.next()
@@ -347,7 +395,7 @@ class BestFitPack(Node[Row]):
             if used and doc.source in self._open:
                 slot = self._slot_of[self._open[doc.source]]
                 before = slots.waiting(slot)
-                self._append(doc)
+                self._append(doc, seq)
                 held += slots.waiting(slot) - before
             elif n > used:  # an empty document (no BOS, no text) has nothing to place
                 more = getattr(doc, "more", False)
@@ -360,6 +408,7 @@ class BestFitPack(Node[Row]):
                     self._open[doc.source] = seq
                     heappush(self._pieced, seq)
                     self._unparked.add(seq)
+                    self._note_pull(seq, seq)
                 else:
                     self._ages.append(seq)
                 self._docs[seq] = doc
@@ -438,6 +487,7 @@ class BestFitPack(Node[Row]):
         for seq in out.freed_seqs:
             del self._slot_of[seq]
             del self._docs[seq]
+            self._repull.pop(seq, None)
         filled = int(out.seg_lens.sum())
         self._held -= filled + out.discarded
         out.tokens[filled:] = self.pad_id
@@ -450,9 +500,22 @@ class BestFitPack(Node[Row]):
         self._prune_checkpoints()
         return Row(out.tokens, out.seg_lens, out.mask, out.sources, out.starts)
 
+    def _replay_from(self) -> int:
+        """The earliest pull a restore must re-read from: the oldest buffered document's, or for one that
+        came in pieces its latest piece's (the number of documents pulled when none is buffered)."""
+        self._oldest()  # prunes finished documents off the front
+        heap, repull, live = self._repull_heap, self._repull, self._slot_of
+        while heap and (heap[0][1] not in live or repull.get(heap[0][1]) != heap[0][0]):
+            heappop(heap)
+        at = self._pulled
+        if self._ages:
+            at = self._ages[0]
+        if heap and heap[0][0] < at:
+            at = heap[0][0]
+        return at
+
     def _prune_checkpoints(self) -> None:
-        oldest = self._oldest()
-        limit = self._pulled if oldest is None else oldest
+        limit = self._replay_from()
         while len(self._ckpts) > 1 and self._ckpts[1][0] <= limit:
             self._ckpts.popleft()
         if len(self._ckpts) > 2 * len(self._slot_of) + 64:
@@ -460,7 +523,8 @@ class BestFitPack(Node[Row]):
 
     def _thin_checkpoints(self) -> None:
         """Keep only the checkpoints a state can still start from: for each buffered document the
-        last one at or before it (the base once the documents before it are gone), and the newest.
+        last one at or before the pull it is re-read from (`_replay_from`; the base once the documents
+        before it are gone), and the newest.
 
         Why: the base is the last checkpoint at or before the oldest buffered document, and a document
         in pieces stays buffered until its last piece, which with many sources comes thousands of
@@ -468,8 +532,9 @@ class BestFitPack(Node[Row]):
         a state of the mixer (one entry per source), hundreds of MB a worker at 256 sources. Which
         checkpoints are taken, and so every state, is unchanged."""
         ckpts = self._ckpts
-        at = np.fromiter((seq for seq, _ in ckpts), np.int64, len(ckpts))
-        live = np.fromiter(self._slot_of.keys(), np.int64, len(self._slot_of))
+        at = np.fromiter((c[0] for c in ckpts), np.int64, len(ckpts))
+        repull = self._repull
+        live = np.fromiter((repull.get(seq, seq) for seq in self._slot_of), np.int64, len(self._slot_of))
         keep = np.zeros(len(at), bool)
         keep[-1] = True
         keep[np.maximum(np.searchsorted(at, live, side="right") - 1, 0)] = True
@@ -478,14 +543,15 @@ class BestFitPack(Node[Row]):
     def get_state(self) -> Dict[str, Any]:
         if self._replay_to:
             # Restored but not yet replayed: the saved position is still the position.
-            base = self._ckpts[0][0]
-            live = sorted(self._replay_live)
-            return self._state(self._ckpts[0][1], base, self._replay_to,
-                               [s - base for s in live], [self._replay_live[s] for s in live], self._savepoint.loaded)
+            live, consumed, repull = self._loaded_lists
+            return self._state(self._ckpts[0][1], self._ckpts[0][0], self._replay_to, live, consumed,
+                               self._savepoint.loaded, repull)
         if not self._slot_of:
             return self._state(self.parent.state_dict(), self._pulled, self._pulled, [], [], self._save_point(None))
         self._prune_checkpoints()
-        base, parent_state = self._ckpts[0]
+        base, parent_state, tok_base = self._ckpts[0]
+        tok_at = self._tok_at
+        repull = sorted([seq - base, at - base, tok_at[seq] - tok_base] for seq, at in self._repull.items() if at != seq)
         # Taken with every batch a worker sends: numpy over the ~buffer_size live documents
         # (0.1 ms at 1000) instead of a Python call per document (1.7 ms).
         n = len(self._slot_of)
@@ -495,7 +561,7 @@ class BestFitPack(Node[Row]):
         slots = slots[order]
         used = self._slots.used_array()[slots]
         return self._state(parent_state, base, self._pulled, (seqs[order] - base).tolist(), used.tolist(),
-                           self._save_point((slots, used)))
+                           self._save_point((slots, used)), repull)
 
     def _save_point(self, buffered: Optional[Tuple[np.ndarray, np.ndarray]]) -> Dict[str, Any]:
         """The save point's summary (savepoint.py): the buffered documents' origins and what they
@@ -539,10 +605,10 @@ class BestFitPack(Node[Row]):
         used = self._slots.used_array()
         return [(self._docs[seq], int(used[self._slot_of[seq]])) for seq in sorted(self._slot_of)]
 
-    def _state(self, parent, base, pulled, live, consumed, elastic) -> Dict[str, Any]:
+    def _state(self, parent, base, pulled, live, consumed, elastic, repull=()) -> Dict[str, Any]:
         return {self.PARENT: parent, self.BASE: base, self.PULLED: pulled, self.LIVE: live,
                 self.CONSUMED: consumed, self.ENDED: self._ended, self.STATS: dict(self._stats),
-                self.ELASTIC: elastic}
+                self.ELASTIC: elastic, self.REPULL: list(repull)}
 
     def carry_stats(self, stats: Dict[str, int]) -> None:
         """Continue the statistics of an elastic resume (elastic.py)."""

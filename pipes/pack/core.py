@@ -161,8 +161,9 @@ class Slots:
 
     def waiting(self, s: int, parked: bool = False) -> int:
         """Tokens slot ``s`` holds that may be placed now (``parked``: that may not, parked)."""
+        parked_now = self.parked(s)  # flushes first: a staged slot's length is in the arrays only then
         rest = int(self.len[s]) - int(self.used[s])
-        return rest if self.parked(s) == parked else 0
+        return rest if parked_now == parked else 0
 
     def extend(self, s: int, ids: np.ndarray, mask: Optional[np.ndarray] = None, more: bool = False) -> int:
         """The next piece of slot ``s``'s document: ``ids`` (and ``mask``) are the document up to the
