@@ -26,6 +26,8 @@ medians reported; one untimed run first warms the tokenizer cache. In each run:
   from /proc) and the training process's (current and peak);
 - the loader's state: bytes of ``pickle.dumps(loader.state_dict())`` ({key: JSON text}, what a trainer
   saves), after the timed window;
+- resume: the state taken after the window loaded into a new loader (its workers started, each
+  packer's window re-read), the time to its first batch, checked equal to the batch the run gave next;
 - the state a worker sends with every batch (StatefulDataLoader ships it with each one): not
   observable from outside a worker, so measured on the same sources in the same process, after the
   above, on a ``num_workers=0`` loader (one shard's graph, as a worker holds; with 2 workers each
@@ -159,8 +161,18 @@ for pid in children(os.getpid()):
     except OSError:
         pass
 main_rss, main_peak = status(os.getpid())
-state = len(pickle.dumps(loader.state_dict()))
+saved = loader.state_dict()
+state = len(pickle.dumps(saved))
+want = next(it)
 del it, loader
+# resume: a new loader (its workers too) from the state, to its first batch, which must be the one that followed
+t2 = time.perf_counter()
+again = build(workers)
+again.load_state_dict(saved)
+got = next(iter(again))
+resume_s = time.perf_counter() - t2
+resume_exact = all(torch.equal(want[k], got[k]) for k in want if isinstance(want[k], torch.Tensor))
+del again
 one = build(0)
 it0 = iter(one)
 try:  # what a worker sends with a batch: a patch of its state before (pipes/state_delta.py), or all of it
@@ -179,7 +191,7 @@ step_state, step_whole = sorted(sent)[len(sent) // 2], sorted(whole)[len(whole) 
 print(json.dumps({"first_s": first, "warmup_batches": done, "bps": bps, "timed_batches": count, "workers_seen": len(kids),
                   "worker_rss": max((r for r, _ in kids), default=0), "worker_peak": max((p for _, p in kids), default=0),
                   "main_rss": main_rss, "main_peak": main_peak, "state_bytes": state, "step_state_bytes": step_state,
-                  "step_whole_bytes": step_whole}))
+                  "step_whole_bytes": step_whole, "resume_s": resume_s, "resume_exact": resume_exact}))
 """
 
 
@@ -279,17 +291,20 @@ def run_child(python: str, folder: str, tok: str, n: int, workers: int, warmup: 
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-FIELDS = ("bps", "first_s", "worker_rss", "worker_peak", "main_rss", "main_peak", "state_bytes", "step_state_bytes")
+FIELDS = ("bps", "first_s", "worker_rss", "worker_peak", "main_rss", "main_peak", "state_bytes", "step_state_bytes",
+          "resume_s")
 
 
 def summarize(runs: Dict[str, List[Dict[str, Any]]], configs: List[Tuple[str, int, int]]) -> List[Dict[str, Any]]:
     """Medians per configuration, ratios to the 1-source row of the same code and workers, pass/fail."""
-    med = {key: {f: statistics.median(r[f] for r in runs[key]) for f in FIELDS} for key in runs}
+    # resume_s: absent from runs of code before it was measured
+    med = {key: {f: statistics.median(r.get(f, float("nan")) for r in runs[key]) for f in FIELDS} for key in runs}
     rows = []
     for label, workers, n in configs:
         key = f"{label}|{workers}|{n}"
         base = med.get(f"{label}|{workers}|1")
-        row: Dict[str, Any] = {"code": label, "workers": workers, "sources": n, **med[key], "rounds": len(runs[key])}
+        row: Dict[str, Any] = {"code": label, "workers": workers, "sources": n, **med[key], "rounds": len(runs[key]),
+                               "resume_exact": all(r.get("resume_exact", True) for r in runs[key])}
         same = med.get(f"{label}|{workers}|{SAME_TEXT}")
         if same is not None and n > 1:
             row["bps_same_text_ratio"] = row["bps"] / same["bps"]
@@ -306,6 +321,7 @@ def summarize(runs: Dict[str, List[Dict[str, Any]]], configs: List[Tuple[str, in
                 checks["worker_rss"] = row["worker_rss_ratio"] <= TARGETS["worker_rss"]
             if n >= BPS_FROM:
                 checks["bps"] = row["bps_ratio"] >= TARGETS["bps"]
+            checks["resume"] = row["resume_exact"]
             row["checks"] = checks
             row["pass"] = all(checks.values())
         rows.append(row)
@@ -313,7 +329,7 @@ def summarize(runs: Dict[str, List[Dict[str, Any]]], configs: List[Tuple[str, in
     for row in rows:
         other = med.get(f"before|{row['workers']}|{row['sources']}")
         if row["code"] == "this" and other is not None:
-            row["vs_before"] = {f: row[f] / other[f] for f in FIELDS if other[f]}
+            row["vs_before"] = {f: row[f] / other[f] for f in FIELDS if other[f] and other[f] == other[f]}
     return rows
 
 
@@ -357,7 +373,8 @@ def main() -> None:
             runs[f"{label}|{w}|{n}"].append(res)
             print(f"round {r}: {label}, {w} workers, {n} sources: {res['bps']:.1f} batches/s, worker RSS "
                   f"{res['worker_rss'] / 2**30:.2f} GiB, main {res['main_rss'] / 2**30:.2f} GiB, state "
-                  f"{res['state_bytes']} B, per step {res['step_state_bytes']} B", file=sys.stderr, flush=True)
+                  f"{res['state_bytes']} B, per step {res['step_state_bytes']} B, resume {res.get('resume_s', 0):.2f} s",
+                  file=sys.stderr, flush=True)
     rows = summarize(runs, configs)
     result = {"tokenizer": args.tokenizer, "rounds": rounds, "warmup": warmup, "warmup_s": warmup_s, "timed": timed,
               "timed_s": timed_s, "targets": TARGETS, "bps_target_from": BPS_FROM, "corpus": manifest, "rows": rows, "runs": runs,
@@ -388,7 +405,8 @@ def markdown(result: Dict[str, Any], args: argparse.Namespace) -> str:
             f"{ratio(row, 'bps_same_text_ratio')}) | "
             f"{workers} | {row['main_rss'] / gib:.2f} ({ratio(row, 'main_rss_ratio')}) | "
             f"{row['main_peak'] / gib:.2f} ({ratio(row, 'main_peak_ratio')}) | "
-            f"{row['state_bytes'] / 1024:.1f} | {row['step_state_bytes'] / 1024:.1f} | {row['first_s']:.1f} | {verdict} |")
+            f"{row['state_bytes'] / 1024:.1f} | {row['step_state_bytes'] / 1024:.1f} | {row['first_s']:.1f} | "
+            f"{row['resume_s']:.1f}{'' if row['resume_exact'] else ' (NOT EXACT)'} | {verdict} |")
     against = [f"| {row['workers']} | {row['sources']} | " + " | ".join(
         f"{row['vs_before'][f]:.2f}x" if f in row["vs_before"] else "-"
         for f in ("bps", "worker_rss", "main_rss", "state_bytes", "step_state_bytes")) + " |"
@@ -410,12 +428,14 @@ and >= {result['warmup_s']:g} s of warm-up. RSS in GiB after the timed window (w
 `pickle.dumps(loader.state_dict())`; per step: KiB a worker ships with every batch, measured on a `num_workers=0`
 loader on the same sources (one shard's graph): the pickled patch of its state against the one before
 (pipes/state_delta.py), or the whole state for code before the patches (median of {STEP_STATE_BATCHES} batches).
+Resume: a new loader built from the state taken after the window, to its first batch (workers started, the
+restore's re-reading included), checked equal to the batch the run gave next.
 Ratios against 1 source of the same code and workers (file 0); batches/s also against one source over all 20
 files (the second ratio: the same text as 20 or more sources, so only the sources' cost). Targets (issue 46): batches/s >= {TARGETS['bps']}x from
 {BPS_FROM} sources, worker and training-process RSS (end) <= {TARGETS['worker_rss']}x. Code: {codes}.
 
-| code | workers | sources | batches/s | worker RSS | worker peak | main RSS | main peak | state KiB | per step KiB | build + first (s) | targets |
-|---|---|---|---|---|---|---|---|---|---|---|---|
+| code | workers | sources | batches/s | worker RSS | worker peak | main RSS | main peak | state KiB | per step KiB | build + first (s) | resume (s) | targets |
+|---|---|---|---|---|---|---|---|---|---|---|---|---|
 {chr(10).join(lines)}
 
 ![sources](sources.png)
