@@ -14,7 +14,7 @@ The patch of ``old`` to ``new`` (`diff`):
 - ``(KEYS, {key: patch})``: a dict with the same keys in the same order, the changed ones patched;
 - ``(ITEMS, indices, values)``: a long list of the same length, a few items replaced;
 - ``(AT, {index: patch})``: a list of the same length whose changed items are lists or dicts,
-  each patched.
+  each patched (a long list most of whose items changed is replaced whole).
 
 `patch` applies it, building new containers only along the changed paths: the unchanged parts of
 the result are the previous state's own objects (states are never modified in place, neither in
@@ -61,7 +61,8 @@ def diff(old: Any, new: Any) -> tuple:
         if new == old:
             return _NO_CHANGE
         at = [i for i in compress(range(len(new)), map(is_not, old, new)) if old[i] != new[i]]
-        if any(type(new[i]) in (dict, list) for i in at):
+        few = len(new) < LIST_PATCH_MIN or 2 * len(at) < len(new)
+        if few and any(type(new[i]) in (dict, list) for i in at):
             return (AT, {i: diff(old[i], new[i]) for i in at})
         if len(new) >= LIST_PATCH_MIN and 2 * len(at) < len(new):
             return (ITEMS, at, [new[i] for i in at])
