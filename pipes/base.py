@@ -55,8 +55,9 @@ def _describe(node: object) -> str:
     return type(node).__name__
 
 
-def check_state_keys(node: object, state: Mapping[str, Any], keys: Tuple[str, ...]) -> None:
-    """Raise `StateError` unless ``state`` has exactly ``keys`` (less any of the node's ``KEYS_ADDED``)."""
+def check_state_keys(node: object, state: Mapping[str, Any], keys: Tuple[str, ...],
+                     added: Tuple[str, ...] = ()) -> None:
+    """Raise `StateError` unless ``state`` has exactly ``keys``, less any of ``added`` (keys added later)."""
     if not isinstance(state, Mapping):
         raise StateError(
             f"{_describe(node)}: a saved state must be a dict, got {type(state).__name__}; "
@@ -64,7 +65,7 @@ def check_state_keys(node: object, state: Mapping[str, Any], keys: Tuple[str, ..
         )
     got = set(state)
     want = set(keys)
-    if got != want and not (got < want and want - got <= set(getattr(type(node), "KEYS_ADDED", ()))):
+    if got != want and not (got < want and want - got <= set(added)):
         missing = sorted(want - got)
         extra = sorted(got - want)
         raise StateError(
@@ -83,6 +84,8 @@ class Node(BaseNode[T]):
 
     #: The keys of this node's state; subclasses must declare them.
     STATE_KEYS: Tuple[str, ...] = ()
+    #: Keys of ``STATE_KEYS`` added in a later loader state version: a state saved before them may lack them.
+    KEYS_ADDED: Tuple[str, ...] = ()
     #: What this node is in a graph (pipes/roles.py): a reader, a branch, a packer, ...
     ROLE: str = OTHER
 
@@ -124,7 +127,7 @@ def _checked_reset(fn):
     @functools.wraps(fn)
     def reset(self: Node, initial_state: Optional[Dict[str, Any]] = None) -> None:
         if initial_state is not None:
-            check_state_keys(self, initial_state, type(self).STATE_KEYS)
+            check_state_keys(self, initial_state, type(self).STATE_KEYS, type(self).KEYS_ADDED)
         # The BaseNode bookkeeping (lazy-initialisation flag) is done here so a
         # subclass cannot forget it.
         BaseNode.reset(self, initial_state)
