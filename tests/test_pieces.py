@@ -10,7 +10,7 @@ from hypothesis import given, settings, strategies as st
 
 from tokenloom.pipes import BestFitPack, ReadParquet, ShardUnits, Tokenize, list_parquet_units, load_encoder, \
     resolve_files
-from tokenloom.pipes.base import Node
+from tokenloom.pipes.base import Node, StateError
 from tokenloom.pipes.items import TokenDoc
 from tokenloom.pipes.mix import Mix
 from tokenloom.pipes.pieces import Pieces
@@ -408,8 +408,8 @@ def test_checkpoints_stay_bounded_while_documents_stay_open_for_long():
 def test_a_document_in_pieces_is_re_read_from_its_latest_piece():
     """A restore re-reads a document that came in pieces from its latest piece (which holds all of it up to
     there), not from its first: with many sources that first piece lies thousands of pulls back, and the
-    replay window reached back to it (3.2 s to restore at 256 sources in benchmarks/sources.py's corpus).
-    The window stays within the buffer's reach, the documents begin before the base, and every step
+    replay window reached back to it (docs/performance.md, "Many sources"). The window stays within the
+    buffer's reach, the documents begin before the base, and every step
     resumes exactly."""
     n = 12
 
@@ -431,3 +431,26 @@ def test_a_document_in_pieces_is_re_read_from_its_latest_piece():
     assert before_base
     assert widest < 3 * (8 + n) + BestFitPack.CHECKPOINT_EVERY, widest  # a first piece is ~40 * n pulls back
     assert check_node_resume(build, max_steps=400) == 400
+
+
+def test_a_damaged_repull_entry_is_refused_with_what_it_names():
+    feeds = {f"s{k}": Pieces(Docs(f"s{k}", [40 * C, 3], k * B), piece=C) for k in range(6)}
+
+    def build():
+        return BestFitPack(Mix(feeds, weights={f"s{k}": 1 for k in range(6)}), seq_len=T, buffer_size=4)
+
+    packer = build()
+    packer.reset()
+    state = None
+    for _ in range(200):
+        packer.next()
+        state = packer.state_dict()
+        if state[BestFitPack.REPULL]:
+            break
+    assert state[BestFitPack.REPULL], "no document re-read from a later piece in 200 rows"
+    first, at, tok = state[BestFitPack.REPULL][0]
+    for bad in ([max(state[BestFitPack.LIVE]) + 1, at, tok],  # no such buffered document
+                [first, state[BestFitPack.PULLED] - state[BestFitPack.BASE], tok]):  # a pull outside the window
+        damaged = dict(state, **{BestFitPack.REPULL: [bad] + state[BestFitPack.REPULL][1:]})
+        with pytest.raises(StateError, match=r"re-reads document .* the state is damaged"):
+            build().reset(damaged)
