@@ -322,16 +322,26 @@ def test_old_shards_are_not_read_again(corpus, monkeypatch):
     oracle.finish()
 
 
-def test_rows_in_matches_rows_by_all_their_columns():
-    """The save point's row matching (which held rests the packer already covers) against a set
-    built in Python, with duplicates on both sides and rows that differ in one column only."""
-    from tokenloom.pipes.pack.savepoint import _rows_in
+def test_held_rests_not_covered_are_found_by_all_their_columns():
+    """The save point's matching of the rests pieces nodes hold (one row a source) against the
+    packer's rows, against a set built in Python: rows that differ in one column only, duplicates,
+    sources without a held rest, and packer rows of no source (-1)."""
+    from tokenloom.pipes.pack.savepoint import held_uncovered
 
     rng = np.random.default_rng(7)
-    for trial in range(200):
-        k = int(rng.integers(1, 4))  # small values: many equal columns, some equal rows
-        rows = rng.integers(0, k + 1, (int(rng.integers(0, 12)), 4))
-        among = rng.integers(0, k + 1, (int(rng.integers(0, 12)), 4))
-        among[:, 3] += int(rng.integers(0, 2)) * 10**12  # large values too
-        want = [tuple(r) in set(map(tuple, among.tolist())) for r in rows.tolist()]
-        assert _rows_in(rows, among).tolist() == want, (trial, rows, among)
+    for trial in range(300):
+        n, k = int(rng.integers(1, 6)), int(rng.integers(1, 4))  # small values: many equal columns
+        first = np.zeros((n, 6), np.int64)
+        first[:, 0] = np.arange(n)
+        first[:, 1:] = rng.integers(0, k + 1, (n, 5))
+        first[:, 4] += int(rng.integers(0, 2)) * 10**12  # large positions too
+        on = rng.random(n) < 0.7
+        picked = np.concatenate([first[rng.integers(0, n, int(rng.integers(0, 4)))],
+                                 rng.integers(0, k + 1, (int(rng.integers(0, 8)), 6))])
+        picked[:, 0] = np.minimum(picked[:, 0], n - 1)
+        picked[rng.random(len(picked)) < 0.1, 0] = -1
+        picked[:, 5] = rng.integers(0, 99, len(picked))  # 'used' and 'picked' differ: not compared
+        picked[:, 1] = 1
+        keys = {(r[0], r[2], r[3], r[4]) for r in picked.tolist()}
+        want = [i for i in range(n) if on[i] and (i, *first[i, 2:5].tolist()) not in keys]
+        assert held_uncovered(first, on, picked).tolist() == want, (trial, first, on, picked)

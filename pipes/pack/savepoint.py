@@ -144,11 +144,14 @@ class SavePoint:
         # rest its pieces node holds; retaken for the sources in _moved (None: every source, each take).
         self._entries: Dict[str, List[int]] = {}
         self._rows: Dict[int, np.ndarray] = {}
-        self._held: Dict[int, np.ndarray] = {}
-        # Per source, the first row of what _held holds (row i for source i, where _held_on): the rows a
-        # take matches against the packer's, one numpy index instead of a Python step per source.
+        # Per source, the first row its pieces node holds (row i for source i, where _held_on): the rows a
+        # take matches against the packer's and sends, one numpy index instead of a Python step per
+        # source; the rows after the first (none for `Pieces`, which holds one document) in _held_rest.
         self._held_first = np.zeros((0, len(DOC_FIELDS)), np.int64)
+        self._held_rest: Dict[int, np.ndarray] = {}
         self._held_on = np.zeros(0, bool)
+        # The last take's ``again`` (the list it sent, and as an array): the next shares its unchanged ints.
+        self._again: Optional[Tuple[List[int], np.ndarray]] = None
         self._moved: Optional[set] = None
         self._under: List[List[int]] = []  # per mixer child: the sources read under it
 
@@ -202,7 +205,8 @@ class SavePoint:
     # --- restore ------------------------------------------------------------------------
     def _forget(self) -> None:
         self._entries = dict.fromkeys(self.names)  # the order the summary lists them in
-        self._rows, self._held = {}, {}
+        self._rows, self._held_rest = {}, {}
+        self._again = None
         self._held_first = np.zeros((len(self.names), len(DOC_FIELDS)), np.int64)
         self._held_on = np.zeros(len(self.names), bool)
         if self._moved is not None:
@@ -229,7 +233,8 @@ class SavePoint:
     # --- take -----------------------------------------------------------------------------
     def take(self, picked: np.ndarray, again: Sequence[int]) -> Dict[str, Any]:
         """The summary of the save point: ``picked`` the packer's documents in flight, rows of
-        `DOC_FIELDS` (``picked`` = 1); ``again`` per source ``[tokens, starts]``, flattened."""
+        `DOC_FIELDS` (``picked`` = 1); ``again`` per source ``[tokens, starts]``, flattened (a list or
+        an int array)."""
         if not self._found:
             self._find()
         if self._moved is None:
@@ -240,12 +245,12 @@ class SavePoint:
         for i in moved:
             self._retake(i)
         parts = [picked] if len(picked) else []
-        if self._held:
+        if self._held_on.any():
             # the rest of a document in pieces, unless the packer holds its earlier pieces (its row covers it)
-            held = np.flatnonzero(self._held_on)
-            if len(picked):
-                held = held[~_rows_in(self._held_first[held][:, _KEY], picked[:, _KEY])]
-            parts += [self._held[i] for i in held.tolist()]
+            held = held_uncovered(self._held_first, self._held_on, picked)
+            parts.append(self._held_first[held])
+            if self._held_rest:
+                parts += [self._held_rest[i] for i in held.tolist() if i in self._held_rest]
         parts += self._rows.values()
         mix = None
         if self._mix is not None:
@@ -253,19 +258,41 @@ class SavePoint:
             mix = [c["tokens"], c["documents"], c["passes"], list(map(int, map(bool, c["exhausted"]))), c["era_base"]]
         docs = (np.concatenate(parts) if len(parts) > 1 else parts[0]) if parts else NO_DOCS
         # pack_docs sorts the rows, and no document is in two parts: the order of the parts carries nothing
-        return {self.DOCS: pack_docs(docs), self.SOURCES: dict(self._entries), self.MIX: mix, self.AGAIN: list(again)}
+        return {self.DOCS: pack_docs(docs), self.SOURCES: dict(self._entries), self.MIX: mix,
+                self.AGAIN: self._again_list(again)}
+
+    def _again_list(self, again: Sequence[int]) -> List[int]:
+        """``again`` as a list that is the last take's where nothing changed, or a copy of it with the
+        changed ints replaced: a state patch finds what changed by identity (state_delta.py), not by
+        comparing 2 ints a source. Lists are never changed once taken (states share them)."""
+        arr = np.asarray(again, np.int64)
+        last = self._again
+        if last is not None and len(last[1]) == len(arr):
+            changed = np.flatnonzero(arr != last[1])
+            if not len(changed):
+                return last[0]
+            if 4 * len(changed) < len(arr):
+                out = list(last[0])
+                for i, v in zip(changed.tolist(), arr[changed].tolist()):
+                    out[i] = v
+                self._again = (out, arr)
+                return out
+        out = arr.tolist()
+        self._again = (out, arr)
+        return out
 
     def _retake(self, i: int) -> None:
         """Source ``i``'s entry, its rows in flight and its pieces' held rest, as it stands now."""
         name, reader, branch, pieces = self.names[i], self.readers[i], self.branches[i], self.pieces[i]
-        self._held.pop(i, None)
+        self._held_rest.pop(i, None)
         self._held_on[i] = False
         self._rows.pop(i, None)
         if pieces is not None:
             held = pieces.in_flight_origins(i)
             if len(held):
-                self._held[i] = held
                 self._held_first[i], self._held_on[i] = held[0], True
+                if len(held) > 1:
+                    self._held_rest[i] = held[1:]
         loaded = self.loaded
         if loaded is not None and branch is not None and branch.untouched_since_restore():
             # Not pulled since the restore: it stands where the save found it (module docstring).
@@ -290,29 +317,25 @@ _EPOCH, _INDEX, _PREFIX = ShardUnits.EPOCH, ShardUnits.INDEX, ShardUnits.PREFIX
 _KEY = [0, 2, 3, 4]
 
 
-def _rows_in(rows: np.ndarray, among: np.ndarray) -> np.ndarray:
-    """For each of ``rows``: is it one of ``among`` (int rows of as many columns)? One sort of both by
-    their columns, not a Python step per row (nor numpy's comparison of raw bytes, ten times slower)."""
-    if not len(rows) or not len(among):
-        return np.zeros(len(rows), bool)
-    both = np.concatenate([rows, among]).astype(np.int64, copy=False)
-    whose = np.zeros(len(both), bool)
-    whose[len(rows):] = True
-    order = np.lexsort((whose,) + tuple(both.T[::-1]))  # by the columns, first to last
-    ranked = both[order]
-    group = np.empty(len(both), np.int64)  # equal rows share a group
-    group[0] = 0
-    np.cumsum((ranked[1:] != ranked[:-1]).any(axis=1), out=group[1:])
-    found = np.zeros(int(group[-1]) + 1, bool)
-    found[group[whose[order]]] = True
-    out = np.empty(len(both), bool)
-    out[order] = found[group]
-    return out[:len(rows)]
+def held_uncovered(first: np.ndarray, on: np.ndarray, picked: np.ndarray) -> np.ndarray:
+    """The sources whose pieces node holds a document (``on[i]``, ``first[i]`` its row) that is not
+    one of the packer's ``picked`` rows (by source, epoch, unit, pos), in order. A source's held
+    document can only be among that source's rows, so each picked row is compared with its own
+    source's held row: one numpy pass over the packer's rows, no sort and no Python step per row."""
+    covered = np.zeros(len(on), bool)
+    if len(picked):
+        src = picked[:, 0]
+        ok = (src >= 0) & (src < len(on))  # -1: a document of a source no reader above reads
+        src = np.where(ok, src, 0)
+        same = ok & on[src] & (first[src][:, _KEY] == picked[:, _KEY]).all(axis=1)
+        covered[src[same]] = True
+    return np.flatnonzero(on & ~covered)
 
 
-def again_of(src: np.ndarray, length: np.ndarray, used: np.ndarray, n: int) -> List[int]:
-    """Per source ``[tokens, starts]`` (flattened) of buffered documents: tokens still to deliver,
-    and those not delivered at all (``used == 0``), which the mixer will count again."""
+def again_of(src: np.ndarray, length: np.ndarray, used: np.ndarray, n: int) -> Sequence[int]:
+    """Per source ``[tokens, starts]`` (flattened; a list, or an int64 array where there are many
+    documents) of buffered documents: tokens still to deliver, and those not delivered at all
+    (``used == 0``), which the mixer will count again."""
     if n == 0:
         return []
     if len(src) <= 32:  # a few documents (long ones, or flat's one): Python beats numpy's call overhead
@@ -328,4 +351,4 @@ def again_of(src: np.ndarray, length: np.ndarray, used: np.ndarray, n: int) -> L
     out = np.empty((n, 2), np.int64)
     out[:, 0] = np.bincount(src, weights=length - used, minlength=n)[:n]
     out[:, 1] = np.bincount(src, weights=used == 0, minlength=n)[:n]
-    return out.ravel().tolist()
+    return out.ravel()
