@@ -54,7 +54,13 @@ def diff(old: Any, new: Any) -> tuple:
         # The values that are not the very objects sent before, found in one C loop: most are.
         for k in compress(new, map(is_not, new.values(), old.values())):
             v, o = new[k], old[k]
-            if v != o:
+            if type(v) is dict and type(o) is dict:
+                # no equality test first: a nested dict that is not the one sent before has mostly
+                # changed, and comparing it whole at every level of the patch costs more than the patch
+                change = diff(o, v)
+                if change is not _NO_CHANGE:
+                    changed[k] = change
+            elif v != o:
                 changed[k] = diff(o, v)
         return (KEYS, changed) if changed else _NO_CHANGE
     if type(new) is list and type(old) is list and len(new) == len(old):
