@@ -13,8 +13,10 @@ for the caches):
   share of about equal characters), batches of 64;
 
 each for every engine that runs the tokenizer with `tokenizers`' ids (pipes/engines.py: the loader
-picks the fastest by itself). Every figure is warm: an untimed first pass fills the `tokenizers`
-word cache, as a long-running loader's is. The texts are in memory: no reading, no packing.
+picks the fastest by itself). Two passes over the texts are timed: the first (``cold_*``: the
+engine's word caches start empty, as a loader's do on a corpus it reads once) and the second (the
+plain ``seconds``/``tokens``: warm, every word seen before, as a loader's caches are on a corpus it
+cycles through). The texts are in memory: no reading, no packing.
 """
 
 from __future__ import annotations
@@ -85,45 +87,51 @@ def _balanced_shares(texts: List[str], k: int) -> List[List[str]]:
 
 def _encode_share(engine, tokenizer_path, share, ready, go, results) -> None:
     encode = _encoder(engine, tokenizer_path, 1)
-    _encode_all(encode, share, PROC_BATCH)
-    ready.wait()
-    go.wait()
-    cpu0 = time.process_time()
-    n = _encode_all(encode, share, PROC_BATCH)
-    results.put((n, time.process_time() - cpu0))
+    encode(["x"])  # starts what the engine starts lazily, without warming its caches on the texts
+    for k in range(2):
+        ready.wait()
+        go[k].wait()
+        cpu0 = time.process_time()
+        n = _encode_all(encode, share, PROC_BATCH)
+        results.put((n, time.process_time() - cpu0))
 
 
 def measure(engine: str, mode: str, tokenizer_path: str, texts: List[str]) -> dict:
-    """One warm pass of ``texts`` through ``engine`` in ``mode``: wall seconds, tokens (one BOS per
-    document included, as a loader adds), CPU seconds of the timed pass. Call in a fresh process: a
-    `tokenizers` pool, once started, keeps its size."""
+    """Two passes of ``texts`` through ``engine`` in ``mode`` (module docstring): wall seconds, tokens
+    (one BOS per document included, as a loader adds) and CPU seconds of each; the second pass's
+    under ``seconds``, ``tokens``, ``cpu_s``, the first's under ``cold_`` keys. Call in a fresh
+    process: a `tokenizers` pool, once started, keeps its size, and fastokens' caches are per process."""
     if engine not in ENGINES or mode not in MODES:
         raise ValueError(f"{engine=} must be one of {ENGINES} and {mode=} one of {MODES}")
     ncpu = os.cpu_count() or 1
+    passes = []
     if mode == "threads":
         encode = _encoder(engine, tokenizer_path, ncpu)
-        _encode_all(encode, texts, THREADS_BATCH)
-        cpu0, t0 = time.process_time(), time.perf_counter()
-        n = _encode_all(encode, texts, THREADS_BATCH)
-        dt, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+        encode(["x"])  # starts what the engine starts lazily (its pool), without warming its caches on the texts
+        for _ in range(2):
+            cpu0, t0 = time.process_time(), time.perf_counter()
+            n = _encode_all(encode, texts, THREADS_BATCH)
+            passes.append((time.perf_counter() - t0, n, time.process_time() - cpu0))
     else:
         ctx = mp.get_context("fork")  # the processes inherit the texts and the synchronisation objects
-        ready, go, results = ctx.Barrier(ncpu + 1), ctx.Event(), ctx.SimpleQueue()
+        ready, go, results = ctx.Barrier(ncpu + 1), [ctx.Event(), ctx.Event()], ctx.SimpleQueue()
         procs = [ctx.Process(target=_encode_share, args=(engine, tokenizer_path, share, ready, go, results))
                  for share in _balanced_shares(texts, ncpu)]
         for p in procs:
             p.start()
-        ready.wait(timeout=600)  # every process has encoded its share once
-        t0 = time.perf_counter()
-        go.set()
-        done = [results.get() for _ in procs]  # (tokens, CPU seconds of the timed pass) per process
-        dt = time.perf_counter() - t0
-        n, cpu = sum(d[0] for d in done), sum(d[1] for d in done)
+        for k in range(2):
+            ready.wait(timeout=600)  # every process has its encoder (for the second pass: its first pass done)
+            t0 = time.perf_counter()
+            go[k].set()
+            done = [results.get() for _ in procs]  # (tokens, CPU seconds of the pass) per process
+            passes.append((time.perf_counter() - t0, sum(d[0] for d in done), sum(d[1] for d in done)))
         for p in procs:
             p.join()
+    (cold_s, cold_n, cold_cpu), (dt, n, cpu) = passes
     return {"engine": engine, "mode": mode, "seconds": dt, "tokens": n + len(texts), "documents": len(texts),
-            "cpu_s": cpu}
+            "cpu_s": cpu, "cold_seconds": cold_s, "cold_tokens": cold_n + len(texts), "cold_cpu_s": cold_cpu}
 
 
-def rate(run: Any) -> float:
-    return run["tokens"] / run["seconds"]
+def rate(run: Any, cold: bool = False) -> float:
+    """Tokens per second of the second pass (warm), or of the first (``cold``)."""
+    return run["cold_tokens"] / run["cold_seconds"] if cold else run["tokens"] / run["seconds"]

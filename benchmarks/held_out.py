@@ -122,6 +122,16 @@ def prepare(pages: int) -> Dict[str, Any]:
         from tokenizer_speed import texts as stdlib_texts
 
         train_llama_like(stdlib_texts(), llama_path())
+    write_corpus(pages)
+    texts = all_texts(pages)
+    facts.update(pages=len(texts), characters=sum(map(len, texts)), engines=ceiling.engines_for(tokenizer_path()),
+                 llama_engines=ceiling.engines_for(llama_path()))
+    return facts
+
+
+def write_corpus(pages: int) -> List[str]:
+    """The corpus's files, written once: a seeded sample of ``pages`` English man pages (all of them
+    where there are fewer) in `FILES` parquet files of `ROWS_PER_GROUP`-row row groups."""
     if not corpus_files(pages):
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -137,16 +147,14 @@ def prepare(pages: int) -> Dict[str, Any]:
                 break
         if len(texts) < 1000:
             raise SystemExit(f"only {len(texts)} English man pages under /usr/share/man: this benchmark needs them")
+        os.makedirs(OUT, exist_ok=True)
         tmp = corpus_dir(pages) + ".tmp"
         os.makedirs(tmp, exist_ok=True)
         for i in range(FILES):
             pq.write_table(pa.table({"text": texts[i::FILES]}), os.path.join(tmp, f"man_{i:02d}.parquet"),
                            row_group_size=ROWS_PER_GROUP)
         os.replace(tmp, corpus_dir(pages))
-    texts = all_texts(pages)
-    facts.update(pages=len(texts), characters=sum(map(len, texts)), engines=ceiling.engines_for(tokenizer_path()),
-                 llama_engines=ceiling.engines_for(llama_path()))
-    return facts
+    return corpus_files(pages)
 
 
 def all_texts(pages: int) -> List[str]:
