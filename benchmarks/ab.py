@@ -40,7 +40,7 @@ from typing import Any, Dict, List
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from results_md import write_section  # noqa: E402
+from results_md import DEMO, STAND_IN, write_section  # noqa: E402
 
 WORKLOADS = ("fly", "cache", "resume", "manpages")
 MAN_PAGES = 8000
@@ -215,7 +215,7 @@ def main(argv=None) -> int:
             f"| {w} | {'s to first batch' if s['metric'] == 'seconds' else 'tokens/s'} | "
             f"{s['after_best']:,.3g} | {s['before_best']:,.3g} | {s['best_ratio']:.2f}x | {s['median_ratio']:.2f}x | "
             f"{'yes' if s['same_batches'] else 'NO'} |" for w, s in summary.items())
-        write_section(os.path.join(HERE, "RESULTS.md"), "This code against the code before", f"""
+        write_section(os.path.join(HERE, "RESULTS.md"), "This code against the code before", tokenizer=f"{DEMO} (fly, cache, resume); {STAND_IN} (manpages)", body=f"""
 Command: `{command}` (writes `benchmarks/ab.json`, `benchmarks/ab.png`); {os.cpu_count()} CPUs, load average
 {[round(x, 2) for x in load]} at start. Before: {args.label}. `pretrain` of the demo corpus as two sources mixed
 70/30, bestfit, T={T}, B={B}, {WORKERS} workers, demo tokenizer; *fly* tokenizes on the fly, *cache* reads a token

@@ -45,7 +45,7 @@ import numpy as np
 
 HERE = os.path.abspath(os.path.dirname(__file__))
 sys.path.insert(0, HERE)
-from results_md import write_section  # noqa: E402
+from results_md import STAND_IN, write_section  # noqa: E402
 
 CHILD = r"""
 import json, os, sys, time
@@ -157,7 +157,7 @@ def main() -> None:
     with open(args.out, "w") as f:
         json.dump(result, f, indent=2)
     command = "python benchmarks/build.py" + (" --quick" if args.quick else "") + (" --no-litdata" if args.no_litdata else "")
-    write_section(args.results, "build", markdown(result, command))
+    write_section(args.results, "build", markdown(result, command), tokenizer=STAND_IN)
 
 
 def markdown(res: Dict[str, Any], command: str) -> str:

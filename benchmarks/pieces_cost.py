@@ -120,14 +120,14 @@ def main() -> int:
         fig.savefig(os.path.join(HERE, "pieces_cost.png"), dpi=110)
     except ImportError:
         pass
-    from results_md import write_section
+    from results_md import DEMO, STAND_IN, write_section
 
     rows = ["| corpus | in pieces, M tokens/s | whole, M tokens/s | ratio within rounds | median |", "|---|---|---|---|---|"]
     for n, r in out["corpora"].items():
         rows.append(f"| {n} | {', '.join(map(str, r['pieces_M']))} | {', '.join(map(str, r['whole_M']))} | "
                     f"{', '.join(f'{x:.2f}' for x in r['ratio_in_round'])} | {r['ratio_median']:.2f}x |")
     write_section(os.path.join(HERE, "RESULTS.md"), "pieces cost",
-                  f"Command: `python benchmarks/pieces_cost.py` (writes `benchmarks/pieces_cost.json`, "
+                  tokenizer=f"{DEMO} (demo); {STAND_IN} (held_out)", body=f"Command: `python benchmarks/pieces_cost.py` (writes `benchmarks/pieces_cost.json`, "
                   f"`benchmarks/pieces_cost.png`); 2 CPUs, load average {out['load_at_start']} at start, "
                   f"{out['load_at_end']} at end. pretrain, bestfit, T=2048, B=8, 2 workers, tokens/s over "
                   f"{args.batches} batches after {WARMUP}, each run in a fresh interpreter, {args.rounds} interleaved "

@@ -418,9 +418,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         with open(os.path.join(HERE, f"{name}.json")) as f:
             out = json.load(f)
         plot(out, os.path.join(HERE, f"{name}.png"))
-        from results_md import write_section
+        from results_md import DEMO, write_section
 
-        write_section(args.results_md, section, markdown(out, out.get("command", "python benchmarks/remote.py")))
+        write_section(args.results_md, section, markdown(out, out.get("command", "python benchmarks/remote.py")),
+                      tokenizer=DEMO)
         return 0
     rounds = args.rounds or (2 if args.quick else 8)
     batches = args.batches or (150 if args.quick else 300)
@@ -451,9 +452,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         with open(os.path.join(HERE, f"{name}.json"), "w") as f:
             json.dump(out, f, indent=2)
         plot(out, os.path.join(HERE, f"{name}.png"))
-        from results_md import write_section  # benchmarks/ is on sys.path when run as a script
+        from results_md import DEMO, write_section  # benchmarks/ is on sys.path when run as a script
 
-        write_section(args.results_md, section, markdown(out, out["command"]))
+        write_section(args.results_md, section, markdown(out, out["command"]), tokenizer=DEMO)
     return 0
 
 

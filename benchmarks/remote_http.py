@@ -45,7 +45,7 @@ from typing import Any, Dict, List, Optional
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from results_md import write_section  # noqa: E402
+from results_md import DEMO, write_section  # noqa: E402
 
 SEQ_LEN, BATCH, WORKERS = 2048, 8, 2
 WEIGHTS = {"code": 0.6, "prose": 0.4}
@@ -216,7 +216,7 @@ def write(out: dict, quick: bool) -> None:
         json.dump(out, f, indent=1)
     plot(out, os.path.join(HERE, "remote_http.png"))
     cmd = "python benchmarks/remote_http.py" + (" --quick" if quick else "")
-    write_section(os.path.join(HERE, "RESULTS.md"), "remote_http", markdown(out, cmd))
+    write_section(os.path.join(HERE, "RESULTS.md"), "remote_http", markdown(out, cmd), tokenizer=DEMO)
 
 
 def summarize(runs: Dict[str, List[dict]], ranks: dict, rounds: int, batches: int, latency: float,

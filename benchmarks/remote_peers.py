@@ -44,7 +44,7 @@ sys.path.insert(0, HERE)
 
 import peers  # noqa: E402 - benchmarks/ is on sys.path
 import remote  # noqa: E402
-from results_md import write_section  # noqa: E402
+from results_md import real, write_section  # noqa: E402
 
 SETTING = remote.FIRST_SETTING  # 100 ms, 20 MB/s per connection
 PREFIX = {"text": "text", "tokenloom_cache": "tokenloom_cache", "litdata": "litdata", "mosaic": "mds"}
@@ -161,7 +161,7 @@ def _upload(ports: Dict[str, Any], corpus: Dict[str, Any]) -> None:
 
 def run(args) -> Dict[str, Any]:
     load0 = os.getloadavg()
-    corpus = peers.prepare(args.pages)
+    corpus = peers.prepare(args.pages, args.tokenizer)
     builds = {n: spawn("build_peer", name=n, corpus=corpus) for n in ("tokenloom_cache", "litdata", "mosaic")}
     proc, ports = remote.start_store({})
     port = ports["proxies"][SETTING]
@@ -187,7 +187,8 @@ def run(args) -> Dict[str, Any]:
             "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                         "load_start": [round(x, 2) for x in load0], "load_end": [round(x, 2) for x in os.getloadavg()]},
             "settings": {"store": SETTING, "rounds": args.rounds, "batches": args.batches, "pages": args.pages,
-                         "T": peers.T, "B": peers.B, "workers": peers.WORKERS, "pre_window": peers.PRE_WINDOW},
+                         "T": peers.T, "B": peers.B, "workers": peers.WORKERS, "pre_window": peers.PRE_WINDOW,
+                         "tokenizer": args.tokenizer},
             "versions": {p: _version(p) for p in ("litdata", "mosaicml-streaming", "pyarrow", "boto3")}}
 
 
@@ -308,6 +309,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--batches", type=int, default=None)
     ap.add_argument("--pages", type=int, default=8000)
+    ap.add_argument("--tokenizer", default="cl100k", help="cl100k or o200k (tests/real_tokenizers.py)")
     ap.add_argument("--render", action="store_true", help="the plot and RESULTS.md section from remote_peers.json")
     ap.add_argument("--task", help=argparse.SUPPRESS)
     ap.add_argument("--params", help=argparse.SUPPRESS)
@@ -333,7 +335,8 @@ def main() -> None:
             json.dump(res, f, indent=2)
     print(json.dumps(res["summary"], indent=2))
     plot(res, os.path.join(HERE, "remote_peers.png"))
-    write_section(os.path.join(HERE, "RESULTS.md"), "remote-peers", markdown(res, res["command"]))
+    write_section(os.path.join(HERE, "RESULTS.md"), "remote-peers", markdown(res, res["command"]),
+                  tokenizer=real(res["settings"].get("tokenizer", "cl100k")))
 
 
 if __name__ == "__main__":

@@ -169,7 +169,7 @@ def main() -> int:
         fig.savefig(os.path.join(HERE, "shares.png"), dpi=110)
     except ImportError:
         pass
-    from results_md import write_section
+    from results_md import DEMO, STAND_IN, write_section
 
     rows = ["| corpus | workers | source | documents | " + " | ".join(f"{k}" for k in CHECKPOINTS)
             + " | worst from 50 | worst from 100 |",
@@ -180,7 +180,7 @@ def main() -> int:
                         + " | ".join(f"{100 * v['share_of_first'][k]:.1f}%" for k in CHECKPOINTS)
                         + f" | {100 * v['worst_from_50']:.1f} points | {100 * v['worst_from_100']:.1f} points |")
     write_section(os.path.join(HERE, "RESULTS.md"), "shares",
-                  "Command: `python benchmarks/shares.py` (writes `benchmarks/shares.json`, `benchmarks/shares.png`). "
+                  tokenizer=f"{DEMO} (the demo corpora); {STAND_IN} (held_out)", body="Command: `python benchmarks/shares.py` (writes `benchmarks/shares.json`, `benchmarks/shares.png`). "
                   "The shares do not depend on timing: the same figures come run after run.\n\n"
                   f"Delivered token share of the first source (target {100 * TARGET:.0f}%) after N batches, "
                   "pretrain bestfit T=2048 B=8 at its defaults; *in pieces*: as the recipe builds it, long "

@@ -67,7 +67,7 @@ from typing import Any, Dict, Iterator, List, Tuple
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
-from results_md import write_section  # noqa: E402
+from results_md import real, write_section  # noqa: E402
 
 SOURCES = (1, 16, 64, 256, 1024)
 FILES = 20
@@ -384,7 +384,7 @@ def main() -> None:
     with open(os.path.join(HERE, "sources.json"), "w") as f:
         json.dump(result, f, indent=1)
     plot(result)
-    write_section(os.path.join(HERE, "RESULTS.md"), "sources", markdown(result, args))
+    write_section(os.path.join(HERE, "RESULTS.md"), "sources", markdown(result, args), tokenizer=real(args.tokenizer))
 
 
 def markdown(result: Dict[str, Any], args: argparse.Namespace) -> str:

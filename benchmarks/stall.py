@@ -68,7 +68,7 @@ from tokenloom.pipes.loader.prefetch import DevicePrefetcher
 from tokenloom.recipes import pretrain
 from tokenloom.sample_data import build_demo_corpus, default_tokenizer_path
 
-from results_md import write_section  # noqa: E402 - benchmarks/ is on sys.path when run as a script
+from results_md import DEMO, write_section  # noqa: E402 - benchmarks/ is on sys.path when run as a script
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -295,7 +295,7 @@ def main(argv=None) -> int:
             json.dump(out, f, indent=2)
         plot(out["runs"], os.path.join(HERE, "stall.png"))
         command = "python benchmarks/stall.py" + (" --quick" if args.quick else "")
-        write_section(os.path.join(HERE, "RESULTS.md"), "stall", results_markdown(out, command))
+        write_section(os.path.join(HERE, "RESULTS.md"), "stall", results_markdown(out, command), tokenizer=DEMO)
     return 0
 
 

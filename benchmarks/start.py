@@ -35,7 +35,7 @@ from typing import Any, Dict, List
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
-from results_md import write_section  # noqa: E402
+from results_md import real, write_section  # noqa: E402
 
 ENGINES = ("auto", "tiktoken", "tokenizers")
 TARGET_S = 0.3
@@ -143,7 +143,7 @@ def main() -> None:
                      + " | ".join(f"{v / 1e6:.1f}" for v in s["tokens_by_s_median"].values()) + " |"
                      for e, s in summary.items())
     marks = " | ".join(f"M tokens by {m:g} s" for m in MARKS)
-    write_section(os.path.join(HERE, "RESULTS.md"), "start", f"""
+    write_section(os.path.join(HERE, "RESULTS.md"), "start", tokenizer=real(args.tokenizer), body=f"""
 `python benchmarks/start.py{' --quick' if args.quick else ''}` ({result['machine']}; {rounds} rounds, engines
 interleaved, each run a fresh interpreter with its imports untimed): `pretrain(...)` on 2,000 held-out man pages
 (4 parquet files), the real {args.tokenizer} tokenizer.json (tests/real_tokenizers.py), 2 workers, T=2048, B=8,

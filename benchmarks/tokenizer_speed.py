@@ -38,11 +38,14 @@ import sys
 import time
 from typing import Any, Dict, List
 
-from results_md import write_section  # noqa: E402 - benchmarks/ is on sys.path when run as a script
+from results_md import DEMO, write_section  # noqa: E402 - benchmarks/ is on sys.path when run as a script
 
 HERE = os.path.abspath(os.path.dirname(__file__))
 ROOT = os.path.dirname(HERE)
 OUT = os.path.join(ROOT, "out", "bench", "tokenizer_speed")
+#: What RESULTS.md says these figures were measured with.
+TOKENIZERS = ("byte-level BPEs trained here on the stdlib corpus, GPT-2 style and Llama-3 style (their vocabularies in "
+              f"the table), and {DEMO}")
 BATCH = 256
 LOADER_BATCH = 64  # pipes/tokenize.py's batch_docs
 LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
@@ -243,7 +246,8 @@ def main() -> None:
         with open(args.from_json, encoding="utf-8") as f:
             saved = json.load(f)
         command = "python benchmarks/tokenizer_speed.py" + (f" --repeats {saved['repeats']}" if saved["repeats"] != 3 else "")
-        write_section(os.path.join(HERE, "RESULTS.md"), "tokenizer speed", markdown(saved, command))
+        write_section(os.path.join(HERE, "RESULTS.md"), "tokenizer speed", markdown(saved, command),
+                      tokenizer=TOKENIZERS)
         return
     load_start = [round(x, 2) for x in os.getloadavg()]
     facts = prepare(args.vocab)
@@ -263,7 +267,8 @@ def main() -> None:
         command = "python benchmarks/tokenizer_speed.py" + "".join(
             f" --{k} {v}" for k, v in (("repeats", args.repeats), ("vocab", args.vocab))
             if v != parser.get_default(k))
-        write_section(os.path.join(HERE, "RESULTS.md"), "tokenizer speed", markdown(result, command))
+        write_section(os.path.join(HERE, "RESULTS.md"), "tokenizer speed", markdown(result, command),
+                      tokenizer=TOKENIZERS)
 
 
 if __name__ == "__main__":
