@@ -1,10 +1,12 @@
 """PyTorch Lightning, as a user writes it: fit STEPS steps with a mid-epoch
 ``ModelCheckpoint(every_n_train_steps=K)``; in a new process ``fit(ckpt_path=...)``.
 
-usage: lightning_job.py run|resume GLOB TOKENIZER CKPT_DIR OUT STEPS K PACKAGE HOW
+usage: lightning_job.py run|resume GLOB TOKENIZER CKPT_ROOT OUT_ROOT STEPS K PACKAGE:HOW[,PACKAGE:HOW...]
 PACKAGE: ``lightning`` (``lightning.pytorch``) or ``pytorch_lightning``; HOW: ``datamodule``
 (`TokenLoomDataModule`) or ``loader`` (the loader returned by the module's ``train_dataloader()``,
-as Lightning documents for stateful loaders). The input ids each training step got go to OUT (JSON).
+as Lightning documents for stateful loaders). Each scenario runs in turn in this process (the imports
+are most of a job's time), its checkpoints in CKPT_ROOT/PACKAGE-HOW; the input ids each training step
+got go to OUT_ROOT/PACKAGE-HOW.json.
 """
 
 from __future__ import annotations
@@ -20,8 +22,15 @@ from trainer_common import build_loader, loss_of, record, tiny_llama
 
 
 def main():
-    mode, glob, tokenizer, ckpt_dir, out, steps, k, package, how = sys.argv[1:]
-    steps, k = int(steps), int(k)
+    mode, glob, tokenizer, ckpt_root, out_root, steps, k, scenarios = sys.argv[1:]
+    for scenario in scenarios.split(","):
+        package, how = scenario.split(":")
+        name = f"{package}-{how}"
+        fit(mode, glob, tokenizer, os.path.join(ckpt_root, name), os.path.join(out_root, name + ".json"), int(steps),
+            int(k), package, how)
+
+
+def fit(mode, glob, tokenizer, ckpt_dir, out, steps, k, package, how):
     pl = importlib.import_module("lightning.pytorch" if package == "lightning" else "pytorch_lightning")
     integration = importlib.import_module(f"tokenloom.integrations.{package}")
 

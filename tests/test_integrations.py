@@ -94,20 +94,34 @@ def test_hf_trainer_refuses_a_checkpoint_without_the_loader_state(corpus, tok_pa
 
 # The datamodule is tokenloom's own class, one per package: both packages. The loader as the module's
 # train_dataloader() goes through Lightning's loop only, the same code in both packages: one in
-# `make test`, the other under `make fuzz` (-m soak).
-@pytest.mark.parametrize("how,package", [("datamodule", "lightning"), ("datamodule", "pytorch_lightning"),
-                                         ("loader", "lightning"),
-                                         pytest.param("loader", "pytorch_lightning", marks=pytest.mark.soak)])
-def test_lightning_resumes_from_a_mid_epoch_checkpoint_exactly(corpus, tok_path, tmp_path, package, how):
+# `make test`, the other under `make fuzz` (-m soak). The scenarios of a test share its two processes
+# (run, resume): importing torch, transformers and Lightning is most of a job's time.
+LIGHTNING = [("lightning", "datamodule"), ("pytorch_lightning", "datamodule"), ("lightning", "loader")]
+
+
+def _lightning(corpus, tok_path, tmp_path, scenarios):
+    ckpt, runs, resumed = (str(tmp_path / d) for d in ("ckpt", "run", "resumed"))
+    os.makedirs(runs)
+    os.makedirs(resumed)
+    which = ",".join(f"{package}:{how}" for package, how in scenarios)
+    _job("lightning_job.py", "run", corpus[0], tok_path, ckpt, runs, str(STEPS), str(K), which)
+    _job("lightning_job.py", "resume", corpus[0], tok_path, ckpt, resumed, str(STEPS), str(K), which)
+    for package, how in scenarios:
+        name = f"{package}-{how}.json"
+        _check(read(os.path.join(runs, name)), read(os.path.join(resumed, name)), f"Lightning ({package}, {how})")
+
+
+def test_lightning_resumes_from_a_mid_epoch_checkpoint_exactly(corpus, tok_path, tmp_path):
     """Lightning fetches a batch ahead: the loader's own state at a checkpoint resumed one batch
     late (the uninterrupted run's step 6 came first, step 5 was never trained). Exact with
     `TokenLoomDataModule` and, since issue 34, with the loader as the module's train_dataloader();
     on ``lightning.pytorch`` and on the ``pytorch_lightning`` package."""
-    ckpt, run, resumed = str(tmp_path / "ckpt"), str(tmp_path / "run.json"), str(tmp_path / "resumed.json")
-    args = (corpus[0], tok_path, ckpt)
-    _job("lightning_job.py", "run", *args, run, str(STEPS), str(K), package, how)
-    _job("lightning_job.py", "resume", *args, resumed, str(STEPS), str(K), package, how)
-    _check(read(run), read(resumed), f"Lightning ({package}, {how})")
+    _lightning(corpus, tok_path, tmp_path, LIGHTNING)
+
+
+@pytest.mark.soak
+def test_lightning_resumes_the_modules_own_loader_on_pytorch_lightning(corpus, tok_path, tmp_path):
+    _lightning(corpus, tok_path, tmp_path, [("pytorch_lightning", "loader")])
 
 
 # --- torchtitan ---------------------------------------------------------------------------------------
