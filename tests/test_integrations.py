@@ -48,13 +48,19 @@ def test_accelerate_prepare_yields_the_loaders_own_batches(corpus, tok_path):
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-@pytest.mark.parametrize("stateful", ["0", "1"], ids=["default", "use_stateful_dataloader"])
-def test_accelerate_save_state_load_state_resumes_exactly(corpus, tok_path, tmp_path, stateful):
-    ckpt, run, resumed = str(tmp_path / "ckpt"), str(tmp_path / "run.json"), str(tmp_path / "resumed.json")
-    _job("accelerate_job.py", "run", corpus[0], tok_path, ckpt, run, stateful, str(STEPS), str(K))
-    assert os.path.exists(os.path.join(ckpt, "dl_state_dict.bin")), os.listdir(ckpt)
-    _job("accelerate_job.py", "resume", corpus[0], tok_path, ckpt, resumed, stateful, str(STEPS), str(K))
-    _check(read(run), read(resumed), "accelerate")
+def test_accelerate_save_state_load_state_resumes_exactly(corpus, tok_path, tmp_path):
+    """Both of Accelerate's ways with a loader: its default, and ``use_stateful_dataloader=True``; they
+    share the job's two processes (run, resume), each with an Accelerator of its own."""
+    ckpt, runs, resumed = (str(tmp_path / d) for d in ("ckpt", "run", "resumed"))
+    os.makedirs(runs)
+    os.makedirs(resumed)
+    _job("accelerate_job.py", "run", corpus[0], tok_path, ckpt, runs, "0,1", str(STEPS), str(K))
+    for stateful in ("0", "1"):
+        assert os.path.exists(os.path.join(ckpt, stateful, "dl_state_dict.bin")), os.listdir(os.path.join(ckpt, stateful))
+    _job("accelerate_job.py", "resume", corpus[0], tok_path, ckpt, resumed, "0,1", str(STEPS), str(K))
+    for stateful, name in (("0", "default"), ("1", "use_stateful_dataloader")):
+        _check(read(os.path.join(runs, stateful + ".json")), read(os.path.join(resumed, stateful + ".json")),
+               f"accelerate ({name})")
 
 
 def test_batches_go_to_accelerates_device(corpus, tok_path, monkeypatch):
