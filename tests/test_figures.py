@@ -42,7 +42,10 @@ def test_the_wait_is_the_time_next_takes_and_a_slow_loader_its_share(two_sources
     waits, stepped = _drive(loader, 120, 0.001)  # a step shorter than making a batch here
     got = loader.figures()
     assert got["data/first_batch_s"] == pytest.approx(waits[0], rel=0.2, abs=0.005)
-    assert got["data/wait_total_s"] == pytest.approx(sum(waits), rel=0.05, abs=0.005)
+    # The loader's clock runs inside next(): its total is the loop's, less the calls' own way in and out
+    # (a few us each, more on a loaded machine: a CI run saw 42 us a call, 5 ms over 120 calls).
+    total = sum(waits)
+    assert total - 0.005 - 1e-4 * len(waits) <= got["data/wait_total_s"] <= total + 0.001, (got, total)
     window = waits[-100:]
     assert got["data/wait_ms"] == pytest.approx(1e3 * sum(window) / len(window), rel=0.1, abs=0.2)
     expected = sum(window) / (sum(window) + sum(stepped[-101:-1]))  # the loop's time: the making of each batch
