@@ -137,8 +137,9 @@ def task_pretrain(name: str, pages: int, batches: int, warmup_s: float, window_s
             "main_cpu_s": cpu_main, "workers": len(kids), "engine": loader.dataset.factory.encoder.engine}
 
 
-def task_stages(name: str, pages: int, batches: int, warmup_s: float) -> dict:
-    """One worker's graph in this process, each stage's CPU per batch (module docstring)."""
+def task_stages(name: str, pages: int, batches: int, warmup_s: float, cache: str = "") -> dict:
+    """One worker's graph in this process, each stage's CPU per batch (module docstring); ``cache``: a
+    token cache of the corpus to read instead of its text."""
     import gc
 
     from tokenloom.pipes.graph import walk
@@ -150,7 +151,7 @@ def task_stages(name: str, pages: int, batches: int, warmup_s: float) -> dict:
 
     single_thread_tokenizers()
     loader = pretrain(held_out.corpus_files(pages), tokenizer=tokenizer(name), seq_len=SEQ_LEN, batch_size=BATCH,
-                      num_workers=2)
+                      num_workers=2, cache=cache or None)
     graph = loader.dataset.factory(ShardContext(rank=0, world_size=1, worker=0, num_workers=2))
     graph.reset()
     settle_worker_gc()
@@ -288,8 +289,8 @@ def run(args) -> Dict[str, Any]:
 
 
 def accounting(args) -> Dict[str, Any]:
-    held_out.write_corpus(args.pages)
-    out = {}
+    files = held_out.write_corpus(args.pages)
+    out: Dict[str, Any] = {}
     for name in args.tokenizers:
         stages = spawn("stages", name=name, pages=args.pages, batches=args.accounting_batches,
                        warmup_s=args.warmup_s)
@@ -299,6 +300,14 @@ def accounting(args) -> Dict[str, Any]:
             "workers_us_per_batch": split["workers_cpu_s"] / split["batches"] * 1e6,
             "training_process_us_per_batch": split["main_cpu_s"] / split["batches"] * 1e6,
             "rows_tokens_per_s": split["rows_tokens"] / split["seconds"], "engine": split["engine"]}}
+    # the same graph reading a token cache of the corpus (what LitData's loader competes with, peers.py)
+    from tokenloom.pipes.sources.cache_build import build_cache
+
+    name = args.tokenizers[0]
+    where = os.path.join(held_out.OUT, f"cache_{args.pages}_{name}")
+    build_cache(files, tokenizer(name), where, processes=2)
+    out["token cache"] = {"stages": spawn("stages", name=name, pages=args.pages, batches=args.accounting_batches,
+                                          warmup_s=args.warmup_s, cache=where), "tokenizer": name}
     return out
 
 
@@ -350,11 +359,17 @@ def accounting_markdown(res: Dict[str, Any], command: str) -> str:
              "worker sends with every batch. Then 2 workers: CPU per batch of the workers together and of the "
              "training process.", ""]
     for name, v in res.items():
-        st, two = v["stages"], v["two_workers"]
-        lines += [f"**{name}** ({two['engine']}): one worker's graph {st['total_us_per_batch']:.0f} us a batch "
-                  f"({st['batches']:,} batches); with 2 workers the workers spend {two['workers_us_per_batch']:.0f} us "
-                  f"a batch and the training process {two['training_process_us_per_batch']:.0f} "
-                  f"({_m(two['rows_tokens_per_s'])} M tokens/s).", "", "| stage | us per batch | share |", "|---|---|---|"]
+        st, two = v["stages"], v.get("two_workers")
+        if two is None:
+            lines += [f"**{name}** ({v['tokenizer']}, the same graph reading a token cache of the corpus instead of its "
+                      f"text): one worker's graph {st['total_us_per_batch']:.0f} us a batch ({st['batches']:,} batches).",
+                      "", "| stage | us per batch | share |", "|---|---|---|"]
+        else:
+            lines += [f"**{name}** ({two['engine']}): one worker's graph {st['total_us_per_batch']:.0f} us a batch "
+                      f"({st['batches']:,} batches); with 2 workers the workers spend {two['workers_us_per_batch']:.0f} "
+                      f"us a batch and the training process {two['training_process_us_per_batch']:.0f} "
+                      f"({_m(two['rows_tokens_per_s'])} M tokens/s).", "", "| stage | us per batch | share |",
+                      "|---|---|---|"]
         total = st["total_us_per_batch"]
         for k, us in st["us_per_batch"].items():
             if us >= 0.5:
