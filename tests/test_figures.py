@@ -38,8 +38,10 @@ def _drive(loader, steps: int, step_s: float):
 
 
 def test_the_wait_is_the_time_next_takes_and_a_slow_loader_its_share(two_sources, tok_path):
-    loader = pretrain(two_sources, tokenizer=tok_path, num_workers=0, **ARGS)
-    waits, stepped = _drive(loader, 120, 0.001)  # a step shorter than making a batch here
+    # Batches of 4,096 tokens take ~3 ms to make here, well above the 1 ms step (with ARGS' 512 a loaded
+    # fresh-clone run made them in about the step's time, and the share fell to 0.298).
+    loader = pretrain(two_sources, tokenizer=tok_path, num_workers=0, **{**ARGS, "seq_len": 512, "batch_size": 8})
+    waits, stepped = _drive(loader, 120, 0.001)  # a step shorter than making a batch
     got = loader.figures()
     assert got["data/first_batch_s"] == pytest.approx(waits[0], rel=0.2, abs=0.005)
     # The loader's clock runs inside next(): its total is the loop's, less the calls' own way in and out
