@@ -30,7 +30,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from packing import C, T, man_lengths, stream  # noqa: E402
-from results_md import STAND_IN, write_section  # noqa: E402
+from results_md import DEMO, STAND_IN, write_section  # noqa: E402
 from tokenloom.pipes import BestFitPack  # noqa: E402
 from tokenloom.pipes.sources.memory import FromList  # noqa: E402
 
@@ -118,7 +118,8 @@ def main() -> None:
     with open(args.out, "w") as f:
         json.dump(result, f, indent=2)
     command = "python benchmarks/crop_wait.py" + (" --quick" if args.quick else "")
-    write_section(args.results, "crop wait", markdown(result, command), tokenizer=STAND_IN)
+    write_section(args.results, "crop wait", markdown(result, command),
+                  tokenizer=STAND_IN if args.tokenizer == tokenizer_path() else DEMO)
 
 
 def markdown(res: dict, command: str) -> str:
