@@ -118,8 +118,12 @@ def main() -> None:
     with open(args.out, "w") as f:
         json.dump(result, f, indent=2)
     command = "python benchmarks/crop_wait.py" + (" --quick" if args.quick else "")
+    from held_out import tokenizer_path
+
+    from tokenloom.sample_data import default_tokenizer_path
+    named = {tokenizer_path(): STAND_IN, default_tokenizer_path(): DEMO}
     write_section(args.results, "crop wait", markdown(result, command),
-                  tokenizer=STAND_IN if args.tokenizer == tokenizer_path() else DEMO)
+                  tokenizer=named.get(args.tokenizer, f"`{args.tokenizer}`"))
 
 
 def markdown(res: dict, command: str) -> str:
