@@ -52,6 +52,7 @@ import numpy as np
 
 from ..graph import BRANCH, MIX, PIECES, READER, Branch, parents_of, role_of, walk
 from ..shard import ShardUnits
+from ..state_delta import LIST_PATCH_MIN
 
 #: The columns of ``docs``.
 DOC_FIELDS = ("source", "picked", "epoch", "unit", "pos", "used")
@@ -264,7 +265,11 @@ class SavePoint:
     def _again_list(self, again: Sequence[int]) -> List[int]:
         """``again`` as a list that is the last take's where nothing changed, or a copy of it with the
         changed ints replaced: a state patch finds what changed by identity (state_delta.py), not by
-        comparing 2 ints a source. Lists are never changed once taken (states share them)."""
+        comparing 2 ints a source. Lists are never changed once taken (states share them). A short
+        list is sent whole when it changes (`state_delta.LIST_PATCH_MIN`): it is only copied."""
+        if len(again) < LIST_PATCH_MIN:
+            self._again = None
+            return again.tolist() if isinstance(again, np.ndarray) else list(again)
         arr = np.asarray(again, np.int64)
         last = self._again
         if last is not None and len(last[1]) == len(arr):
