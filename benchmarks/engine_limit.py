@@ -140,8 +140,6 @@ def task_pretrain(name: str, pages: int, batches: int, warmup_s: float, window_s
 def task_stages(name: str, pages: int, batches: int, warmup_s: float, cache: str = "") -> dict:
     """One worker's graph in this process, each stage's CPU per batch (module docstring); ``cache``: a
     token cache of the corpus to read instead of its text."""
-    import gc
-
     from tokenloom.pipes.graph import walk
     from tokenloom.pipes.loader.node_dataset import ShardContext
     from tokenloom.pipes.loader.worker_gc import settle_worker_gc
@@ -205,7 +203,6 @@ def task_stages(name: str, pages: int, batches: int, warmup_s: float, cache: str
         state_s += b - a
         prev = now
     total = clock() - c0
-    gc.collect()
     per = {k: v / batches * 1e6 for k, v in sorted(spent.items(), key=lambda kv: -kv[1])}
     per["state (state_dict)"] = state_s / batches * 1e6
     per["state patch (diff, pickled)"] = patch_s / batches * 1e6

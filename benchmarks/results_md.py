@@ -1,8 +1,8 @@
 """Shared by the benchmark scripts: replace one ``## section`` of benchmarks/RESULTS.md.
 
 Every section opens with the tokenizer its figures were measured with (``Tokenizer: ...``): speed
-depends on it more than on anything else here (the real cl100k encodes 10-20x slower than a BPE
-trained on the benchmark's own text, issue 45), so no figure goes without it. The wordings below are
+depends on it more than on anything else here (a BPE trained on the benchmark's own text flatters
+every engine; issue 45), so no figure goes without it. The wordings below are
 the ones the scripts share; tests/test_results_md.py checks every section of RESULTS.md.
 """
 
