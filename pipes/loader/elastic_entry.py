@@ -61,7 +61,8 @@ def old_positions(states: Sequence[Mapping[str, Any]]) -> List[Tuple[int, Dict[i
             raise ValueError(f"rank {int(meta[CONFIG]['rank'])}'s state was taken "
                              f"{steps_since_snapshot(inner)} batches after its last worker snapshot "
                              "(snapshot_every_n_steps > 1): an elastic resume needs the position of every batch; "
-                             "save with snapshot_every_n_steps=1 (the default)")
+                             "save at a step that is a multiple of snapshot_every_n_steps, or pass "
+                             "snapshot_every_n_steps=1 (the default)")
         # {}: saved before the round started
         held.append((int(meta[CONFIG]["rank"]), worker_trees(inner) if inner else {}, meta[ELASTIC]))
     return held
