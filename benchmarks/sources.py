@@ -44,6 +44,7 @@ issue measured them) <= 1.5x; the peaks are reported beside them.
     python benchmarks/sources.py --quick               # 1 round, shorter windows
     python benchmarks/sources.py --sources 1,256 --workers 0,2
     python benchmarks/sources.py --before ../old/.venv/bin/python   # and another checkout's code, interleaved
+    python benchmarks/sources.py --snapshot-every 1,1000   # and the same code taking states only around every 1000th step
 Prints JSON; writes benchmarks/sources.json, benchmarks/sources.png and the ``## sources`` section of
 benchmarks/RESULTS.md.
 """
@@ -96,8 +97,8 @@ for m in ("fastokens", "tiktoken", "tokenizers"):
         pass
 from tokenloom.recipes import pretrain
 
-folder, tok, n, workers, warmup, warmup_s, timed, timed_s, step_batches, SAME_TEXT = sys.argv[1:11]
-SAME_TEXT = int(SAME_TEXT)
+folder, tok, n, workers, warmup, warmup_s, timed, timed_s, step_batches, SAME_TEXT, snapshot = sys.argv[1:12]
+SAME_TEXT, snapshot = int(SAME_TEXT), int(snapshot)
 n, workers, warmup, warmup_s = int(n), int(workers), int(warmup), float(warmup_s)
 timed, timed_s, step_batches = int(timed), float(timed_s), int(step_batches)
 files = sorted(os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".parquet"))
@@ -105,12 +106,14 @@ names = {f"s{i:04d}": files[i % len(files)] for i in range(n)}
 
 
 def build(num_workers):
+    # a worker setting; 1 (torchdata's default) is not passed, so that every code runs the same
+    kw = {"snapshot_every_n_steps": snapshot} if num_workers and snapshot != 1 else {}
     if n == 1:  # one source, as a user with one writes it
-        return pretrain(files[0], tokenizer=tok, seq_len=2048, batch_size=8, num_workers=num_workers)
+        return pretrain(files[0], tokenizer=tok, seq_len=2048, batch_size=8, num_workers=num_workers, **kw)
     if n == SAME_TEXT:  # one source over all the files: the text the many-source runs read
-        return pretrain(files, tokenizer=tok, seq_len=2048, batch_size=8, num_workers=num_workers)
+        return pretrain(files, tokenizer=tok, seq_len=2048, batch_size=8, num_workers=num_workers, **kw)
     return pretrain(names, tokenizer=tok, seq_len=2048, batch_size=8, num_workers=num_workers,
-                    weights={k: 1.0 for k in names})
+                    weights={k: 1.0 for k in names}, **kw)
 
 
 def status(pid):
@@ -281,10 +284,10 @@ def corpus() -> Tuple[str, Dict[str, Any]]:
 # --- runs ----------------------------------------------------------------------------------------
 
 def run_child(python: str, folder: str, tok: str, n: int, workers: int, warmup: int, warmup_s: float,
-              timed: int, timed_s: float, env: Dict[str, str]) -> Dict[str, Any]:
+              timed: int, timed_s: float, env: Dict[str, str], snapshot: int = 1) -> Dict[str, Any]:
     """One configuration in a fresh interpreter of ``python``: the CHILD script's figures."""
     args = [python, "-c", CHILD, folder, tok, str(n), str(workers), str(warmup), str(warmup_s), str(timed),
-            str(timed_s), str(STEP_STATE_BATCHES), str(SAME_TEXT)]
+            str(timed_s), str(STEP_STATE_BATCHES), str(SAME_TEXT), str(snapshot)]
     out = subprocess.run(args, capture_output=True, text=True, env=env, timeout=900)
     if out.returncode:
         raise SystemExit(f"child failed ({python}, {n} sources, {workers} workers):\n{out.stderr[-3000:]}")
@@ -344,6 +347,9 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=None, help="batches in the timed window, at least")
     ap.add_argument("--window-s", type=float, default=None, help="and at least this many seconds")
     ap.add_argument("--tokenizer", default="cl100k", help="cl100k or o200k (tests/real_tokenizers.py)")
+    ap.add_argument("--snapshot-every", default="1",
+                    help="comma-separated snapshot_every_n_steps values; each but 1 is a code of its own "
+                         "('this, state every N'), its ratios against its own 1-source run")
     ap.add_argument("--before", default=None, help="the python of another checkout's venv: its runs interleave "
                                                    "with this code's, as 'before'")
     args = ap.parse_args()
@@ -361,15 +367,21 @@ def main() -> None:
     folder, manifest = corpus()
     env = dict(os.environ, TOKENLOOM_CACHE=os.path.join(cache_root(), "tokenizer-cache"), PYTHONWARNINGS="ignore")
     env.pop("TOKENLOOM_ENGINE", None)
+    snapshots = [int(x) for x in args.snapshot_every.split(",")]
     codes = [("this", sys.executable)] + ([("before", args.before)] if args.before else [])
-    configs = [(label, w, n) for label, _ in codes for w in workers for n in counts]
-    python_of = dict(codes)
+    # each snapshot interval but 1 as a code of its own: its rows' ratios against its own 1-source run
+    variants = [(label if k == 1 else f"{label}, state every {k}", python, k) for label, python in codes
+                for k in snapshots]
+    configs = [(label, w, n) for label, _, _ in variants for w in workers for n in counts]
+    python_of = {label: python for label, python, _ in variants}
+    snapshot_of = {label: k for label, _, k in variants}
     for label, python in codes:  # warm: the tokenizer cache holds the file's verdicts
         run_child(python, folder, tok, 1, 0, 1, 0.0, 1, 0.0, env)
     runs: Dict[str, List[Dict[str, Any]]] = {f"{label}|{w}|{n}": [] for label, w, n in configs}
     for r in range(rounds):
         for label, w, n in configs:
-            res = run_child(python_of[label], folder, tok, n, w, warmup, warmup_s, timed, timed_s, env)
+            res = run_child(python_of[label], folder, tok, n, w, warmup, warmup_s, timed, timed_s, env,
+                            snapshot_of[label])
             runs[f"{label}|{w}|{n}"].append(res)
             print(f"round {r}: {label}, {w} workers, {n} sources: {res['bps']:.1f} batches/s, worker RSS "
                   f"{res['worker_rss'] / 2**30:.2f} GiB, main {res['main_rss'] / 2**30:.2f} GiB, state "
@@ -378,7 +390,7 @@ def main() -> None:
     rows = summarize(runs, configs)
     result = {"tokenizer": args.tokenizer, "rounds": rounds, "warmup": warmup, "warmup_s": warmup_s, "timed": timed,
               "timed_s": timed_s, "targets": TARGETS, "bps_target_from": BPS_FROM, "corpus": manifest, "rows": rows, "runs": runs,
-              "codes": {label: python for label, python in codes},
+              "codes": {label: python for label, python, _ in variants}, "snapshots": snapshot_of,
               "machine": f"{platform.machine()}, {os.cpu_count()} cores"}
     print(json.dumps(result, indent=1))
     with open(os.path.join(HERE, "sources.json"), "w") as f:
@@ -417,8 +429,17 @@ def markdown(result: Dict[str, Any], args: argparse.Namespace) -> str:
                   "|---|---|---|---|---|---|---|", *against]
     cmd = "python benchmarks/sources.py" + (" --quick" if args.quick else "") + (
         f" --sources {args.sources}" if args.sources != ",".join(map(str, SOURCES)) else "") + (
-        f" --workers {args.workers}" if args.workers != "2" else "") + (" --before PYTHON" if args.before else "")
+        f" --workers {args.workers}" if args.workers != "2" else "") + (
+        f" --snapshot-every {args.snapshot_every}" if args.snapshot_every != "1" else "") + (
+        " --before PYTHON" if args.before else "")
     codes = "; ".join(f"{label}: `{python}`" for label, python in result["codes"].items())
+    sparse = sorted({k for k in result.get("snapshots", {}).values() if k != 1})
+    if sparse:
+        codes += (". `state every N`: the same code with `snapshot_every_n_steps=N`, so that a worker takes and "
+                  "sends its state only with the batches torchdata may need for a snapshot (workers x (prefetch_factor + 1) "
+                  "+ 1 of every N batches, those before each N-th step: 131 with 2 workers of 64 ready batches each) "
+                  "instead of with every batch; a state_dict() at the N-th steps is exact and resumes elastically, "
+                  "one between them replays up to N-1 batches on the same topology")
     return f"""
 `{cmd}` ({result['machine']}; {result['rounds']} round(s), configurations interleaved, each run a fresh
 interpreter with its imports untimed; medians). `pretrain` bestfit, T=2048, B=8, the real {result['tokenizer']}
