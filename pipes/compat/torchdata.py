@@ -25,6 +25,13 @@ The leaf itself crosses to the training process as a patch of the state the work
 (pipes/state_delta.py): with many sources a step changes a few of them. `nested_snapshot` gives
 the plain dicts back.
 
+The end snapshot. With ``snapshot_every_n_steps=N`` torchdata snapshots at the N-th steps only;
+`snapshot_at_end` takes one more when the iterator's data ends (each worker's final state is in by
+then), so a state taken after the end, or while a rank pads, has no steps since its snapshot. It uses
+``_update_snapshot``, ``_get_main_state`` and the iterator's counters; where they differ
+(`end_snapshot_ok`) it does nothing, and such a state resumes on the same topology only
+(tests/test_sparse_snapshots.py forces it).
+
 The iterator. `IteratorHook` runs a loader's ``start_iterator`` around
 ``StatefulDataLoader._get_iterator``, where a new iterator forks its workers;
 `current_iterator` and `stop_workers` read and reset ``_iterator`` and call the iterator's
@@ -168,6 +175,42 @@ def keep_snapshots_flat(it: Any) -> Any:
         if main_state() == type(it)._get_main_state(it):  # what torchdata's own gives, else its own stays
             it._get_main_state = main_state
     return it
+
+
+def snapshot_at_end(it: Any) -> None:
+    """After a multi-worker iterator ended (raised StopIteration), record its snapshot at that step.
+
+    With ``snapshot_every_n_steps=N`` torchdata snapshots at the N-th steps only, so when the data ends
+    between two of them (a finite round; a rank that pads until the others' data ends) every later
+    ``state_dict()`` would be steps after its snapshot, which an elastic resume refuses though nothing
+    remains to replay. Every worker has sent its final state with its end, and torchdata has applied it:
+    the snapshot taken here holds each worker's last position, at the number of batches yielded. Where a
+    snapshot was taken at the last step (N=1, the default, or an end on an N-th step) nothing changes.
+    Where this torchdata lacks what it uses (`end_snapshot_ok`, or an attribute), nothing is done: such a
+    state is then refused elastically, as before, and resumes on the same topology."""
+    if not (isinstance(it, _StatefulMultiProcessingDataLoaderIter) and end_snapshot_ok()):
+        return
+    try:
+        interval, snapshot, yielded = it._snapshot_interval, it._snapshot, it._num_yielded
+        last, workers, states = it._last_yielded_worker_id, it._num_workers, it._worker_snapshots
+    except AttributeError:
+        return
+    if not interval or not snapshot or snapshot[it._SNAPSHOT_STEP] == yielded:
+        return
+    it._update_snapshot(yielded, last, workers, it._get_main_state(), states)
+
+
+@functools.lru_cache(maxsize=None)
+def end_snapshot_ok() -> bool:
+    """Whether this torchdata's multi-worker iterator takes a snapshot as `snapshot_at_end` calls it
+    (asked once)."""
+    it = _StatefulMultiProcessingDataLoaderIter
+    try:
+        params = list(inspect.signature(it._update_snapshot).parameters)
+    except (AttributeError, TypeError, ValueError):
+        return False
+    return (params == ["self", "snapshot_step", "last_yielded_worker_id", "num_workers", "main_snapshot",
+                       "worker_snapshots"] and hasattr(it, "_get_main_state") and hasattr(it, "_SNAPSHOT_STEP"))
 
 
 class _StatefulOnce:

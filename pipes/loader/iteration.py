@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
 from ..tokenizer_threads import single_thread_tokenizers
-from ..compat.torchdata import stop_workers
+from ..compat.torchdata import snapshot_at_end, stop_workers
 from .stall import TORCH_TIMEOUT, StallWatch
 from .wire import DROP_KEY, STALE_KEY, STALE_MESSAGE
 from .worker_gc import settle_worker_gc
@@ -39,6 +39,8 @@ class StatsIterator:
             try:
                 batch = next(self._it)
             except StopIteration:
+                # the state from here on (padding, or after the round) is the workers' last positions
+                snapshot_at_end(self._it)
                 raise
             except Exception as e:
                 watch = self._loader.stall_watch
