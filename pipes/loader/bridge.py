@@ -49,7 +49,8 @@ from .tally import Tally
 from .wait_clock import WaitClock
 from .node_dataset import GraphFactory, NodeDataset, ShardContext  # noqa: F401 (re-exported)
 from ..compat.accelerate import AcceleratePrepared
-from ..compat.torchdata import IteratorHook, batches_ready, current_iterator, keep_snapshots_flat, nested_snapshot
+from ..compat.torchdata import (IteratorHook, batches_ready, current_iterator, keep_snapshots_flat, nested_snapshot,
+                                steps_since_snapshot)
 from ..sources.first_fetches import wait_before_fork
 from .wire import STATS_KEY
 from .wire_ring import make_rings, uses_fork
@@ -397,6 +398,13 @@ class TokenLoomLoader(AcceleratePrepared, IteratorHook, StatefulDataLoader):
         self._fetch_ahead = None
         self._check_meta(meta, allow_weight_change)
         inner = state_dict[self.LOADER]
+        reweighted = allow_weight_change and meta[self.CONFIG].get("weights") != self.config.get("weights")
+        if reweighted and meta[self.PHASE] == self.DATA and inner and steps_since_snapshot(inner):
+            # torchdata would replay the batches since the snapshot under the new weights: other batches
+            # than the run gave, so the position reached would not be the one saved
+            raise ValueError(f"this state was taken {steps_since_snapshot(inner)} batches after its last worker "
+                             "snapshot (snapshot_every_n_steps > 1), and a change of weights cannot replay them; "
+                             "save at a step that is a multiple of snapshot_every_n_steps to change the weights")
         self._tally.restore(meta[self.STATS], meta[self.EARLIER])
         self._padding_batches = int(meta[self.PADDING_BATCHES])
         self._round_padding = int(meta[self.ROUND_PADDING])
@@ -406,7 +414,7 @@ class TokenLoomLoader(AcceleratePrepared, IteratorHook, StatefulDataLoader):
             raise ValueError(f"loader state has {phase=}; expected one of {[self.DATA, self.PADDING, self.OVER]}")
         self._resume_padding, self._padding_inner = False, None
         self._lineage = str(meta[self.LINEAGE])
-        if allow_weight_change and meta[self.CONFIG].get("weights") != self.config.get("weights"):
+        if reweighted:
             # The loop's step (batches with data plus padding): the same on every rank, where the
             # batches with data alone differ at a finite epoch's end.
             self._lineage = lineage_of(self._lineage, "weights", self.config.get("weights"), meta[self.ROUND],
