@@ -96,14 +96,17 @@ class Composed:
                      end_label=self.end_label)
 
 
-def loader_builder(graph: Composed):
+def loader_builder(graph: Composed, snapshots: Optional[Dict[str, int]] = None):
     """``build(rank, world, workers, sync, persistent=False)``: the composed graph's loader, as the
-    oracle's drivers call a recipe's."""
+    oracle's drivers call a recipe's. ``snapshots``: ``snapshot_every_n_steps`` and ``prefetch_factor``
+    for the hops with workers."""
     padding = functools.partial(collate_rows, [], batch_size=graph.batch_size, seq_len=graph.seq_len, pad_id=0,
                                 end_label=graph.end_label)
 
     def build(rank: int, world: int, workers: int, sync=None, persistent: bool = False):
         extra = {"persistent_workers": True} if persistent and workers > 0 else {}
+        if workers and snapshots:
+            extra.update(snapshots)
         return TokenLoomLoader(graph, config={"graph": repr(graph), "epochs": graph.epochs}, rank=rank,
                                world_size=world, num_workers=workers, rank_sync=sync, padding_batch=padding, **extra)
     return build
@@ -120,4 +123,8 @@ def composed_builder(sc: Any, corpus: Any):
                      cycle_exhausted=loader.get("cycle_exhausted", True), eos="eos" in loader,
                      end_label=BOS if loader.get("predict_bos") else IGNORE, min_tokens=sc.composed,
                      seed=sc.seed % 7, mix_defaults=sc.mix_defaults)
-    return loader_builder(graph)
+    return loader_builder(graph, {k: loader[k] for k in SNAPSHOT_KEYS if k in loader})
+
+
+#: The loader settings of a scenario whose workers take their state only around every N-th step.
+SNAPSHOT_KEYS = ("snapshot_every_n_steps", "prefetch_factor")

@@ -18,7 +18,9 @@ of several sources either told to the mixer or as the README composes them (fini
 then, for ``bestfit-crop`` with epochs, several sources each delivered to the round's end (issue 42);
 then, one scenario in ten, many sources (issue 46: 8-64 of them, a third of 1-3 documents, some of
 documents of 1-2 words, the topologies sometimes narrowed to one or two shards so a source can be a
-single document; see `many_sources`).
+single document; see `many_sources`); then, one in seven, workers that take their state only around
+every N-th step (``snapshot_every_n_steps`` 2-8, 1-2 batches ready each; saves at multiples of N, see
+`sparse_snapshots`).
 Besides the oracle's checks, ``loader.stats()``'s documents per source must be the documents whose
 first token came as an input (pretrain, the recipe's graph).
 Each scenario runs under a time limit (``--limit``): an epoch that never ends fails with its seed.
@@ -238,12 +240,35 @@ def draw(seed: int) -> Scenario:
     if (PIECES_AT <= rng.random() < PIECES_AT + PIECES_P and sc.packing == "bestfit" and not sc.chat
             and not sc.composed and len(sc.sources) > 1):
         sc.loader["piece_rows"] = rng.choice([2, 3, 8, 1000])
+    # Drawn last, as above, in a window none of the CI's seeds falls in: worker states taken only around every
+    # N-th step (`sparse_snapshots`).
+    if SPARSE_AT <= rng.random() < SPARSE_AT + SPARSE_P and any(h.workers for h in sc.hops):
+        sparse_snapshots(rng, sc)
     return sc
+
+
+def sparse_snapshots(rng: random.Random, sc: Scenario) -> None:
+    """Workers take their state only around every N-th step (``snapshot_every_n_steps``, N 2-8), with 1-2
+    batches ready each (``prefetch_factor``) so that most batches carry none. A state saved between two
+    N-th steps resumes only on the same topology with the same weights (the loader refuses it elastically
+    or with new weights; test_sparse_snapshots.py), so each hop saves at a multiple of N, as a run that
+    checkpoints every N steps does: a save of k steps becomes the nearest multiple, and one at a round's last batch
+    (``"last"``, a step of its own) its end. Saves between snapshots on one topology: test_sparse_snapshots.py."""
+    every = rng.choice([2, 3, 5, 8])
+    sc.loader["snapshot_every_n_steps"], sc.loader["prefetch_factor"] = every, rng.choice([1, 2])
+    for hop in sc.hops:
+        if isinstance(hop.save, int) and hop.save:
+            hop.save = every * max(1, round(hop.save / every))
+        elif hop.save == "last":
+            hop.save = "end" if sc.epochs is not None else every
 
 
 #: The share of scenarios whose long documents come in pieces of more than a row (``piece_rows``).
 PIECES_P = 0.2
 PIECES_AT = 0.1
+#: The share of scenarios whose workers take their state only around every N-th step (`sparse_snapshots`).
+SPARSE_P = 0.14
+SPARSE_AT = 0.545
 #: The share of scenarios drawn with many sources (`many_sources`); ``--many`` runs only those.
 MANY_P = 0.1
 MANY_AT = 0.36
@@ -324,16 +349,18 @@ def _builder(sc: Scenario, corpus, weights: Optional[Dict[str, float]]):
 
     def build(rank: int, world: int, workers: int, sync, persistent: bool = False):
         extra = {"persistent_workers": True} if persistent and workers > 0 else {}
+        # sparse_snapshots: prefetch_factor is refused without workers
+        extra.update({k: v for k, v in kw.items() if workers or k != "prefetch_factor"})
         if sc.chat:
             template = ChatTemplate(roles={"user": "<|user|>", "assistant": "<|assistant|>"}, end="<|end|>",
                                     bos="<|bos|>")
             return sft(srcs, tokenizer=corpus.tokenizer, template=template, seq_len=sc.seq_len,
                        batch_size=sc.batch_size, buffer_size=sc.buffer_size, epochs=sc.epochs, num_workers=workers,
-                       rank=rank, world_size=world, rank_sync=sync, seed=sc.seed % 7, **kw, **extra)
+                       rank=rank, world_size=world, rank_sync=sync, seed=sc.seed % 7, **extra)
         return pretrain(srcs, tokenizer=corpus.tokenizer, bos="<|bos|>", seq_len=sc.seq_len,
                         batch_size=sc.batch_size, packing=sc.packing, buffer_size=sc.buffer_size, epochs=sc.epochs,
                         num_workers=workers, rank=rank, world_size=world, rank_sync=sync, seed=sc.seed % 7,
-                        cache=corpus.cache, cache_strict=corpus.cache is not None, **kw, **extra)
+                        cache=corpus.cache, cache_strict=corpus.cache is not None, **extra)
     return build
 
 
