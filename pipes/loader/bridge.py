@@ -403,8 +403,9 @@ class TokenLoomLoader(AcceleratePrepared, IteratorHook, StatefulDataLoader):
             # torchdata would replay the batches since the snapshot under the new weights: other batches
             # than the run gave, so the position reached would not be the one saved
             raise ValueError(f"this state was taken {steps_since_snapshot(inner)} batches after its last worker "
-                             "snapshot (snapshot_every_n_steps > 1), and a change of weights cannot replay them; "
-                             "save at a step that is a multiple of snapshot_every_n_steps to change the weights")
+                             f"snapshot (snapshot_every_n_steps={self.snapshot_every_n_steps}), and a change of "
+                             "weights cannot replay them; change the weights from a state saved at a multiple of "
+                             "snapshot_every_n_steps, or resume this one with the weights it was saved with")
         self._tally.restore(meta[self.STATS], meta[self.EARLIER])
         self._padding_batches = int(meta[self.PADDING_BATCHES])
         self._round_padding = int(meta[self.ROUND_PADDING])
