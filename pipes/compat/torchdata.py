@@ -200,17 +200,10 @@ def snapshot_at_end(it: Any) -> None:
     it._update_snapshot(yielded, last, workers, it._get_main_state(), states)
 
 
-@functools.lru_cache(maxsize=None)
 def end_snapshot_ok() -> bool:
-    """Whether this torchdata's multi-worker iterator takes a snapshot as `snapshot_at_end` calls it
-    (asked once)."""
-    it = _StatefulMultiProcessingDataLoaderIter
-    try:
-        params = list(inspect.signature(it._update_snapshot).parameters)
-    except (AttributeError, TypeError, ValueError):
-        return False
-    return (params == ["self", "snapshot_step", "last_yielded_worker_id", "num_workers", "main_snapshot",
-                       "worker_snapshots"] and hasattr(it, "_get_main_state") and hasattr(it, "_SNAPSHOT_STEP"))
+    """Whether this torchdata's multi-worker iterator takes a snapshot as `snapshot_at_end` calls it: the
+    ``_update_snapshot`` that `flat_snapshots_ok` checks, and ``_get_main_state``."""
+    return flat_snapshots_ok() and hasattr(_StatefulMultiProcessingDataLoaderIter, "_get_main_state")
 
 
 class _StatefulOnce:
