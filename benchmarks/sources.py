@@ -45,6 +45,7 @@ issue measured them) <= 1.5x; the peaks are reported beside them.
     python benchmarks/sources.py --sources 1,256 --workers 0,2
     python benchmarks/sources.py --before ../old/.venv/bin/python   # and another checkout's code, interleaved
     python benchmarks/sources.py --snapshot-every 1,1000   # and the same code taking states only around every 1000th step
+    python benchmarks/sources.py --read-budget default,256M   # and the same code holding 4x the decoded text
 Prints JSON; writes benchmarks/sources.json, benchmarks/sources.png and the ``## sources`` section of
 benchmarks/RESULTS.md.
 """
@@ -69,6 +70,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 from results_md import real, write_section  # noqa: E402
+from tokenloom.recipes.settings import byte_size  # noqa: E402
 
 SOURCES = (1, 16, 64, 256, 1024)
 FILES = 20
@@ -98,6 +100,7 @@ for m in ("fastokens", "tiktoken", "tokenizers"):
 from tokenloom.recipes import pretrain
 
 folder, tok, n, workers, warmup, warmup_s, timed, timed_s, step_batches, SAME_TEXT, snapshot = sys.argv[1:12]
+budget = sys.argv[12] if len(sys.argv) > 12 else "default"  # read_budget: bytes, "none", or "default" (not passed)
 SAME_TEXT, snapshot = int(SAME_TEXT), int(snapshot)
 n, workers, warmup, warmup_s = int(n), int(workers), int(warmup), float(warmup_s)
 timed, timed_s, step_batches = int(timed), float(timed_s), int(step_batches)
@@ -108,6 +111,8 @@ names = {f"s{i:04d}": files[i % len(files)] for i in range(n)}
 def build(num_workers):
     # a worker setting; 1 (torchdata's default) is not passed, so that every code runs the same
     kw = {"snapshot_every_n_steps": snapshot} if num_workers and snapshot != 1 else {}
+    if budget != "default":
+        kw["read_budget"] = None if budget == "none" else int(budget)
     if n == 1:  # one source, as a user with one writes it
         return pretrain(files[0], tokenizer=tok, seq_len=2048, batch_size=8, num_workers=num_workers, **kw)
     if n == SAME_TEXT:  # one source over all the files: the text the many-source runs read
@@ -284,10 +289,12 @@ def corpus() -> Tuple[str, Dict[str, Any]]:
 # --- runs ----------------------------------------------------------------------------------------
 
 def run_child(python: str, folder: str, tok: str, n: int, workers: int, warmup: int, warmup_s: float,
-              timed: int, timed_s: float, env: Dict[str, str], snapshot: int = 1) -> Dict[str, Any]:
+              timed: int, timed_s: float, env: Dict[str, str], snapshot: int = 1,
+              budget: str = "default") -> Dict[str, Any]:
     """One configuration in a fresh interpreter of ``python``: the CHILD script's figures."""
     args = [python, "-c", CHILD, folder, tok, str(n), str(workers), str(warmup), str(warmup_s), str(timed),
-            str(timed_s), str(STEP_STATE_BATCHES), str(SAME_TEXT), str(snapshot)]
+            str(timed_s), str(STEP_STATE_BATCHES), str(SAME_TEXT), str(snapshot)] + (
+                [budget] if budget != "default" else [])
     out = subprocess.run(args, capture_output=True, text=True, env=env, timeout=900)
     if out.returncode:
         raise SystemExit(f"child failed ({python}, {n} sources, {workers} workers):\n{out.stderr[-3000:]}")
@@ -350,6 +357,9 @@ def main() -> None:
     ap.add_argument("--snapshot-every", default="1",
                     help="comma-separated snapshot_every_n_steps values; each but 1 is a code of its own "
                          "('this, state every N'), its ratios against its own 1-source run")
+    ap.add_argument("--read-budget", default="default",
+                    help="comma-separated read_budget values (64M, 256M, none; default: the recipe's own); each but "
+                         "'default' is a code of its own ('this, read_budget B'), its ratios against its own 1-source run")
     ap.add_argument("--before", default=None, help="the python of another checkout's venv: its runs interleave "
                                                    "with this code's, as 'before'")
     args = ap.parse_args()
@@ -368,20 +378,25 @@ def main() -> None:
     env = dict(os.environ, TOKENLOOM_CACHE=os.path.join(cache_root(), "tokenizer-cache"), PYTHONWARNINGS="ignore")
     env.pop("TOKENLOOM_ENGINE", None)
     snapshots = [int(x) for x in args.snapshot_every.split(",")]
+    budgets = [x.strip() for x in args.read_budget.split(",")]
+    budget_bytes = {b: b if b == "default" else ("none" if byte_size(b) is None else str(byte_size(b)))
+                    for b in budgets}
     codes = [("this", sys.executable)] + ([("before", args.before)] if args.before else [])
-    # each snapshot interval but 1 as a code of its own: its rows' ratios against its own 1-source run
-    variants = [(label if k == 1 else f"{label}, state every {k}", python, k) for label, python in codes
-                for k in snapshots]
-    configs = [(label, w, n) for label, _, _ in variants for w in workers for n in counts]
-    python_of = {label: python for label, python, _ in variants}
-    snapshot_of = {label: k for label, _, k in variants}
+    # each snapshot interval but 1 and each read_budget but the default as a code of its own: its rows' ratios
+    # against its own 1-source run
+    variants = [(label + ("" if k == 1 else f", state every {k}") + ("" if b == "default" else f", read_budget {b}"),
+                 python, k, budget_bytes[b]) for label, python in codes for k in snapshots for b in budgets]
+    configs = [(label, w, n) for label, _, _, _ in variants for w in workers for n in counts]
+    python_of = {label: python for label, python, _, _ in variants}
+    snapshot_of = {label: k for label, _, k, _ in variants}
+    budget_of = {label: b for label, _, _, b in variants}
     for label, python in codes:  # warm: the tokenizer cache holds the file's verdicts
         run_child(python, folder, tok, 1, 0, 1, 0.0, 1, 0.0, env)
     runs: Dict[str, List[Dict[str, Any]]] = {f"{label}|{w}|{n}": [] for label, w, n in configs}
     for r in range(rounds):
         for label, w, n in configs:
             res = run_child(python_of[label], folder, tok, n, w, warmup, warmup_s, timed, timed_s, env,
-                            snapshot_of[label])
+                            snapshot_of[label], budget_of[label])
             runs[f"{label}|{w}|{n}"].append(res)
             print(f"round {r}: {label}, {w} workers, {n} sources: {res['bps']:.1f} batches/s, worker RSS "
                   f"{res['worker_rss'] / 2**30:.2f} GiB, main {res['main_rss'] / 2**30:.2f} GiB, state "
@@ -390,7 +405,7 @@ def main() -> None:
     rows = summarize(runs, configs)
     result = {"tokenizer": args.tokenizer, "rounds": rounds, "warmup": warmup, "warmup_s": warmup_s, "timed": timed,
               "timed_s": timed_s, "targets": TARGETS, "bps_target_from": BPS_FROM, "corpus": manifest, "rows": rows, "runs": runs,
-              "codes": {label: python for label, python, _ in variants}, "snapshots": snapshot_of,
+              "codes": python_of, "snapshots": snapshot_of, "read_budgets": budget_of,
               "machine": f"{platform.machine()}, {os.cpu_count()} cores"}
     print(json.dumps(result, indent=1))
     with open(os.path.join(HERE, "sources.json"), "w") as f:
@@ -431,6 +446,7 @@ def markdown(result: Dict[str, Any], args: argparse.Namespace) -> str:
         f" --sources {args.sources}" if args.sources != ",".join(map(str, SOURCES)) else "") + (
         f" --workers {args.workers}" if args.workers != "2" else "") + (
         f" --snapshot-every {args.snapshot_every}" if args.snapshot_every != "1" else "") + (
+        f" --read-budget {args.read_budget}" if args.read_budget != "default" else "") + (
         " --before PYTHON" if args.before else "")
     codes = "; ".join(f"{label}: `{python}`" for label, python in result["codes"].items())
     sparse = sorted({k for k in result.get("snapshots", {}).values() if k != 1})
@@ -440,6 +456,11 @@ def markdown(result: Dict[str, Any], args: argparse.Namespace) -> str:
                   "+ 1 of every N batches, those before each N-th step: 131 with 2 workers of 64 ready batches each) "
                   "instead of with every batch; a state_dict() at the N-th steps is exact and resumes elastically, "
                   "one between them replays up to N-1 batches on the same topology")
+    if any(b != "default" for b in result.get("read_budgets", {}).values()):
+        codes += (". `read_budget B`: the same code with `read_budget=B` (bytes of decoded text a worker's readers "
+                  "hold, shared by the sources; default 64 MiB): a row group larger than B / sources is read in "
+                  "windows of that many bytes, each window a new decode of its row group's pages up to it (and of "
+                  "the whole group where one dictionary page holds it, as here); `none` reads whole row groups")
     return f"""
 `{cmd}` ({result['machine']}; {result['rounds']} round(s), configurations interleaved, each run a fresh
 interpreter with its imports untimed; medians). `pretrain` bestfit, T=2048, B=8, the real {result['tokenizer']}
