@@ -94,8 +94,8 @@ def pretrain(
     with ``cache_strict=True``.
     ``read_budget``: bytes of decoded text a worker holds for reading, shared by the sources
     (default ``READ_BUDGET``): a parquet row group larger than ``read_budget / sources`` is decoded in
-    windows of that size and shuffled within each window (None: whole row groups; memory then grows
-    with the sources).
+    windows of that size and shuffled within each window, each window reopening its row group (a larger
+    budget: more memory, fewer decodes; None: whole row groups, memory then grows with the sources).
     ``retry``: how requests to ``https://`` and ``hf://`` sources are retried (`RetryPolicy`; None: its
     defaults).
     """
