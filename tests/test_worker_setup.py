@@ -26,6 +26,10 @@ class RecordWorker:
 
         with open(os.path.join(self.folder, f"gc-{worker_id}"), "w") as f:
             f.write(f"{list(gc.get_threshold())} {gc.get_freeze_count() > 0}")
+        import pyarrow as pa
+
+        with open(os.path.join(self.folder, f"pool-{worker_id}"), "w") as f:
+            f.write(pa.default_memory_pool().backend_name)
 
 
 def test_the_users_worker_init_fn_still_runs(corpus, tok_path, tmp_path):
@@ -59,6 +63,52 @@ def test_workers_collect_garbage_less_often_and_the_training_process_as_it_was(c
     next(iter(loader))
     assert [open(tmp_path / f"gc-{w}").read() for w in (0, 1)] == [f"{list(THRESHOLDS)} True"] * 2
     assert gc.get_threshold() == before != THRESHOLDS
+
+
+def test_workers_take_arrows_buffers_from_jemalloc_and_the_training_process_keeps_its_pool(corpus, tok_path,
+                                                                                           tmp_path, monkeypatch):
+    """pipes/loader/worker_memory.py: mimalloc, pyarrow's default, kept far more freed memory than it held
+    in a worker reopening row groups for many sources."""
+    import pyarrow as pa
+
+    from tokenloom.pipes.loader.worker_memory import ARROW_POOL
+
+    monkeypatch.delenv("ARROW_DEFAULT_MEMORY_POOL", raising=False)
+    before = pa.default_memory_pool().backend_name
+    loader = pretrain(corpus[0], tokenizer=tok_path, seq_len=63, batch_size=2, buffer_size=16, num_workers=2,
+                      worker_init_fn=RecordWorker(str(tmp_path)))
+    next(iter(loader))
+    assert ARROW_POOL == "jemalloc"
+    want = ARROW_POOL if _has_pool(pa, ARROW_POOL) else before
+    assert [open(tmp_path / f"pool-{w}").read() for w in (0, 1)] == [want] * 2
+    assert pa.default_memory_pool().backend_name == before
+
+
+def _has_pool(pa, name):
+    try:
+        getattr(pa, f"{name}_memory_pool")()
+    except (AttributeError, NotImplementedError):
+        return False
+    return True
+
+
+@pytest.mark.parametrize("case", ["the user's pool", "a pool this pyarrow lacks"])
+def test_the_arrow_pool_is_left_as_it_is_where_it_should_be(case):
+    """A pool the user chose (``ARROW_DEFAULT_MEMORY_POOL``) is kept; a pyarrow built without `ARROW_POOL`
+    keeps its default."""
+    code = {
+        "the user's pool": "import pyarrow as pa; from tokenloom.pipes.loader.worker_memory import "
+                           "settle_worker_arrow_pool as s; print(s(), pa.default_memory_pool().backend_name)",
+        "a pool this pyarrow lacks": "import pyarrow as pa; import tokenloom.pipes.loader.worker_memory as m; "
+                                     "d = pa.default_memory_pool().backend_name; m.ARROW_POOL = 'nonesuch'; "
+                                     "print(m.settle_worker_arrow_pool() == d, pa.default_memory_pool().backend_name == d)",
+    }[case]
+    env = dict(os.environ)
+    env.pop("ARROW_DEFAULT_MEMORY_POOL", None)
+    if case == "the user's pool":
+        env["ARROW_DEFAULT_MEMORY_POOL"] = "system"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout
+    assert out.split() == {"the user's pool": ["system", "system"], "a pool this pyarrow lacks": ["True", "True"]}[case]
 
 
 @pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc only")

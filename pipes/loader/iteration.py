@@ -14,7 +14,7 @@ from ..compat.torchdata import snapshot_at_end, stop_workers
 from .stall import TORCH_TIMEOUT, StallWatch
 from .wire import DROP_KEY, STALE_KEY, STALE_MESSAGE
 from .worker_gc import settle_worker_gc
-from .worker_memory import settle_worker_malloc
+from .worker_memory import settle_worker_arrow_pool, settle_worker_malloc
 
 if TYPE_CHECKING:
     from .bridge import TokenLoomLoader
@@ -123,8 +123,8 @@ def identity(x):
 class WorkerInit:
     """Runs in each worker process before the user's ``worker_init_fn``: exit with the training
     process (worker_parent.py), its stack dumped on request (``stall``, stall.py), flat memory
-    (worker_memory.py), a collector that leaves the graph's many small states alone (worker_gc.py)
-    and one tokenizing thread per worker (pipes/tokenizer_threads.py)."""
+    (worker_memory.py: glibc's malloc, Arrow's pool), a collector that leaves the graph's many small
+    states alone (worker_gc.py) and one tokenizing thread per worker (pipes/tokenizer_threads.py)."""
 
     def __init__(self, user: Optional[Callable[[int], None]], stall: Optional[StallWatch] = None):
         self.user, self.stall = user, stall
@@ -136,6 +136,7 @@ class WorkerInit:
         if self.stall is not None:
             self.stall.arm(worker_id)
         settle_worker_malloc()
+        settle_worker_arrow_pool()
         settle_worker_gc()
         single_thread_tokenizers()
         if self.user is not None:

@@ -19,12 +19,21 @@ one arena. Cost: an mmap/munmap pair per big block (a few per batch, noise next
 to tokenizing). They apply only inside loader worker processes, which
 tokenloom owns; the training process (and ``num_workers=0``) keeps its own.
 Without glibc (macOS, musl) nothing is changed.
+
+Arrow's buffers (decoded row groups and their windows, the compressed column chunks read for
+them) come from pyarrow's own memory pool, mimalloc by default, which keeps much more freed memory
+in a worker than it holds when many sources each reopen row groups (megabytes allocated and freed
+at every window); measured in docs/performance.md, "Arrow's memory pool in the workers". So
+`settle_worker_arrow_pool` makes `ARROW_POOL` the default pool in a worker, unless the user chose one (``ARROW_DEFAULT_MEMORY_POOL``) or this pyarrow lacks it.
+Buffers keep the pool they came from, so those allocated before the switch are freed where they
+belong.
 """
 
 from __future__ import annotations
 
 import ctypes
 import logging
+import os
 from typing import Optional
 
 log = logging.getLogger(__name__)
@@ -33,6 +42,8 @@ log = logging.getLogger(__name__)
 _M_MMAP_THRESHOLD = -3
 _M_ARENA_MAX = -8
 MMAP_THRESHOLD_BYTES = 128 * 1024
+#: Arrow's memory pool in a loader worker (pyarrow's ``<name>_memory_pool``), see the module docstring.
+ARROW_POOL = "jemalloc"
 
 
 def _glibc() -> Optional[ctypes.CDLL]:
@@ -56,3 +67,18 @@ def settle_worker_malloc() -> bool:
     if not ok:
         log.warning("mallopt refused the worker memory settings; worker memory may grow over long runs")
     return ok
+
+
+def settle_worker_arrow_pool() -> str:
+    """Make `ARROW_POOL` pyarrow's default memory pool in this process (module docstring); returns
+    the backend now in use."""
+    import pyarrow as pa  # imported with the package already (pipes/sources)
+
+    if os.environ.get("ARROW_DEFAULT_MEMORY_POOL"):
+        return pa.default_memory_pool().backend_name  # the user's choice
+    try:
+        pool = getattr(pa, f"{ARROW_POOL}_memory_pool")()
+    except (AttributeError, NotImplementedError):  # this pyarrow was built without it
+        return pa.default_memory_pool().backend_name
+    pa.set_memory_pool(pool)
+    return pool.backend_name
