@@ -101,7 +101,8 @@ def test_the_arrow_pool_is_left_as_it_is_where_it_should_be(case):
                            "settle_worker_arrow_pool as s; print(s(), pa.default_memory_pool().backend_name)",
         "a pool this pyarrow lacks": "import pyarrow as pa; import tokenloom.pipes.loader.worker_memory as m; "
                                      "d = pa.default_memory_pool().backend_name; m.ARROW_POOL = 'nonesuch'; "
-                                     "print(m.settle_worker_arrow_pool() == d, pa.default_memory_pool().backend_name == d)",
+                                     "print(m.settle_worker_arrow_pool() == d, "
+                                     "pa.default_memory_pool().backend_name == d)",
     }[case]
     env = dict(os.environ)
     env.pop("ARROW_DEFAULT_MEMORY_POOL", None)

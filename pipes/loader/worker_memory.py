@@ -1,4 +1,4 @@
-"""Keep a loader worker's memory flat over a long run: glibc malloc settings, once per worker.
+"""Keep a loader worker's memory flat over a long run: glibc malloc settings and Arrow's pool, once per worker.
 
 A worker allocates blocks of every size from several threads: row groups of
 text (up to megabytes), token arrays of long documents, batch arrays, and the
@@ -24,9 +24,9 @@ Arrow's buffers (decoded row groups and their windows, the compressed column chu
 them) come from pyarrow's own memory pool, mimalloc by default, which keeps much more freed memory
 in a worker than it holds when many sources each reopen row groups (megabytes allocated and freed
 at every window); measured in docs/performance.md, "Arrow's memory pool in the workers". So
-`settle_worker_arrow_pool` makes `ARROW_POOL` the default pool in a worker, unless the user chose one (``ARROW_DEFAULT_MEMORY_POOL``) or this pyarrow lacks it.
-Buffers keep the pool they came from, so those allocated before the switch are freed where they
-belong.
+`settle_worker_arrow_pool` makes `ARROW_POOL` the default pool in a worker, unless the user chose
+one (``ARROW_DEFAULT_MEMORY_POOL``) or this pyarrow lacks it. Buffers keep the pool they came from,
+so those allocated before the switch are freed where they belong.
 """
 
 from __future__ import annotations
