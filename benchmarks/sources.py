@@ -358,8 +358,9 @@ def main() -> None:
                     help="comma-separated snapshot_every_n_steps values; each but 1 is a code of its own "
                          "('this, state every N'), its ratios against its own 1-source run")
     ap.add_argument("--read-budget", default="default",
-                    help="comma-separated read_budget values (64M, 256M, none; default: the recipe's own); each but "
-                         "'default' is a code of its own ('this, read_budget B'), its ratios against its own 1-source run")
+                    help="comma-separated read_budget values (64M, 256M, none; default: the recipe's own); each "
+                         "but 'default' is a code of its own ('this, read_budget B'), its ratios against its own "
+                         "1-source run")
     ap.add_argument("--before", default=None, help="the python of another checkout's venv: its runs interleave "
                                                    "with this code's, as 'before'")
     args = ap.parse_args()
