@@ -192,6 +192,7 @@ class Mix(Node[TokenDoc]):
         counts = self._tokens if self.unit == "tokens" else self._docs
         # per source: the counted unit since the current era began (the interleave's lag)
         self._lag = np.array(counts, np.int64) - np.array(self._era_base, np.int64)
+        self._lag_total = int(self._lag.sum())  # kept as the lags change: a numpy call fewer a pick
         self._midway_at = {i for i, m in enumerate(self._midway) if m}
         self._exhausted_changes = getattr(self, "_exhausted_changes", 0) + 1
         self._forget_states()
@@ -250,6 +251,7 @@ class Mix(Node[TokenDoc]):
             self._era = era
             self._era_base = list(self._tokens if self.unit == "tokens" else self._docs)
             self._lag[:] = 0
+            self._lag_total = 0
         return self.clock.eras[era][1]
 
     def _choice_arrays(self, shares: Optional[List[float]]) -> Tuple[np.ndarray, np.ndarray, float, frozenset]:
@@ -293,26 +295,30 @@ class Mix(Node[TokenDoc]):
     def _eligible(self, i: int) -> bool:
         return not self._exhausted[i] or self._cycling
 
-    def _choose(self) -> int:
+    def _choose(self, shares: Optional[List[float]] = None) -> int:
+        """The next source's index (-1: none can be picked). ``shares``: `_shares` for this pick,
+        when the caller has them already."""
         n = len(self.names)
         if self.strategy == "interleave":
             # The most under-served source since the era began: argmax(share / mass * total - lag), ties
             # to the first; shares renormalised over the sources that can still be picked. One numpy
             # pass: the same float operations, in the same order, as a loop over the sources.
-            mask, ratio, mass, blocked = self._choice_arrays(self._shares())
+            mask, ratio, mass, blocked = self._choice_arrays(self._shares() if shares is None else shares)
             if mass == 0:
                 return -1
             lag = self._lag
             if not blocked:  # every source usable: the same values, two numpy calls fewer a pick
-                return int(np.argmax(ratio * float(lag.sum()) - lag))
+                return int((ratio * float(self._lag_total) - lag).argmax())
             total = float(lag[mask].sum())  # an exact int sum, as the running float sum of ints was
-            return int(np.argmax(np.where(mask, ratio * total - lag, -np.inf)))
+            return int(np.where(mask, ratio * total - lag, -np.inf).argmax())
         if self.strategy == "random":
-            mask, _, _, _ = self._choice_arrays(self._shares())
+            if shares is None:
+                shares = self._shares()
+            mask, _, _, _ = self._choice_arrays(shares)
             active = np.flatnonzero(mask)
             if not len(active):
                 return -1
-            shares = np.array(self._shares(), np.float64)[active]
+            shares = np.array(shares, np.float64)[active]
             if self.unit == "tokens":
                 tokens = np.array(self._tokens, np.float64)[active]
                 docs = np.array(self._docs, np.float64)[active]
@@ -363,9 +369,11 @@ class Mix(Node[TokenDoc]):
         self._tokens[i] += n
         if self.unit == "tokens":
             self._lag[i] += n
+            self._lag_total += n
         return doc
 
     def next(self) -> TokenDoc:
+        shares = None  # this pick's shares, once looked up (the first choice below uses them)
         if self._midway_at:
             # A document handed out in part is finished even when its source can no longer be
             # picked (a weight gone to 0, the stream stopped): its packer slot waits for the rest.
@@ -376,7 +384,8 @@ class Mix(Node[TokenDoc]):
             if stuck:
                 return self._go_on(min(stuck))
         while not self._ended:
-            i = self._choose()
+            i = self._choose(shares)
+            shares = None  # a retry is another pick, or the same after a source dropped out
             if i < 0:
                 self._ended = True
                 break
@@ -405,7 +414,9 @@ class Mix(Node[TokenDoc]):
             if self.unit == "tokens" or isinstance(doc, TokenDoc):
                 self._tokens[i] += len(doc.ids) - used
             self._docs[i] += used == 0
-            self._lag[i] += (len(doc.ids) - used) if self.unit == "tokens" else (used == 0)
+            lag = (len(doc.ids) - used) if self.unit == "tokens" else int(used == 0)
+            self._lag[i] += lag
+            self._lag_total += lag
             self._set_midway(i, getattr(doc, "more", False))  # a piece: its document goes on (pieces.py)
             return doc
         if self._midway_at:

@@ -115,8 +115,10 @@ class Pieces(Node[TokenDoc]):
         self._off = end
         if not more:
             self._doc = self._before = None
-        return doc._replace(ids=doc.ids[:end], mask=None if doc.mask is None else doc.mask[:end], used=start,
-                            more=more)
+        # by position (TokenDoc's fields: ids, source, mask, epoch, unit, pos, used, more): _replace's keyword
+        # lookups cost more than the rest of a piece
+        ids, source, mask, epoch, unit, pos = doc[:6]
+        return type(doc)(ids[:end], source, None if mask is None else mask[:end], epoch, unit, pos, start, more)
 
     def get_state(self) -> Dict[str, Any]:
         if self._pending is not None:

@@ -447,12 +447,15 @@ class BestFitPack(Node[Row]):
         limit, seqs = self._pulled - self.max_wait, []
         tok_limit, tok_at, slot_of = self._tokens - self.buffer_tokens, self._tok_at, self._slot_of
         # Both bounds rise with seq (tok_at counts tokens pulled up to each), so the overdue documents
-        # are the oldest ones, up to the first that is not.
+        # are the oldest ones, up to the first that is not. With many sources tens of them wait (each row
+        # places a few) among finished ones not yet pruned, so the loop checks the cap only on a find.
         for seq in self._ages:
-            if (seq >= limit and tok_at[seq] >= tok_limit) or len(seqs) >= cap:  # tok_at covers _ages
+            if seq >= limit and tok_at[seq] >= tok_limit:  # tok_at covers _ages
                 break
             if seq in slot_of:
                 seqs.append(seq)
+                if len(seqs) >= cap:
+                    break
         if self._unparked:
             # Documents in pieces: a parked one (pieces.py) never starts a row, and stays parked until its next
             # piece or the stream's end puts it back in _unparked (a placement only shortens what is left).
