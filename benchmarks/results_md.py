@@ -17,6 +17,9 @@ DEMO = "the shipped demo tokenizer (`tokenloom/data/tokenizer.json`, a 4,096-id 
 STAND_IN = ("`held_out.py`'s 100,000-id byte-level BPE with cl100k's split regex, trained here on other text "
             "(the stand-in for cl100k before tests/real_tokenizers.py)")
 
+#: Benchmarks of the graph alone, over sources of ready token ids (graph_cost.py).
+NO_TOKENIZER = "none: the sources hand out synthetic token ids, so no tokenizer runs"
+
 
 def real(name: str) -> str:
     """The real ``cl100k`` or ``o200k`` tokenizer.json, as tests/real_tokenizers.py builds it."""
