@@ -13,8 +13,9 @@ over the source alone, as the recipe builds one. Each source's documents have se
 lengths (median 665 tokens, 2 to 60,000; most tokens in documents longer than a row, as in
 the man pages and Python files of sources.py's corpus).
 
-Measured per configuration, in a fresh interpreter, after ``WARMUP_ROWS`` rows, in CPU time (the
-process's, so that another process taking the core does not count):
+Measured per configuration, in a fresh interpreter with the garbage collector set as in a loader
+worker (pipes/loader/worker_gc.py), after ``WARMUP_ROWS`` rows, in CPU time (the process's, so that
+another process taking the core does not count):
 
 - ``row_us``: microseconds per row, no state taken (what a worker does between snapshots with
   ``snapshot_every_n_steps``);
@@ -63,6 +64,11 @@ from tokenloom.pipes.schedule import StepClock
 
 n, warmup, rows, every = (int(x) for x in sys.argv[1:5])
 T = 2048
+try:  # the collector as a loader worker sets it (these graphs run in workers)
+    from tokenloom.pipes.loader.worker_gc import settle_worker_gc
+    settle_worker_gc()
+except ImportError:
+    pass
 
 
 class Synthetic(Node):
@@ -207,7 +213,8 @@ def markdown(result: Dict[str, Any], args: argparse.Namespace) -> str:
             f"average {result['load_at_start']} at start, {result['load_at_end']} at end."
             + (f" Before: {before}." if before else "") +
             f" The packer, mixer and pieces nodes over in-memory sources of synthetic token ids (no reading, no "
-            f"tokenizing; graph and lengths in the script's docstring), one process, T=2048, buffer 1000: "
+            f"tokenizing; graph and lengths in the script's docstring), one process with a worker's collector "
+            f"settings, T=2048, buffer 1000: "
             f"CPU microseconds a row after {result['warmup_rows']} rows, over {result['rows_timed']}, medians of "
             f"{result['rounds']} interleaved rounds, each run in a fresh interpreter. A batch of B=8 rows costs 8 "
             "times the figure; in sources.py's runs a worker spends 1-2 ms a batch in all.\n\n"
