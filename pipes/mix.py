@@ -60,9 +60,11 @@ import numpy as np
 from .base import Node
 from .graph import sharders_of
 from .items import TokenDoc
+from .mix_journal import MixJournal
 from .roles import MIX
 from .schedule import StepClock, Weights, normalize_schedule
 from .shard import rng_for
+from .state_later import Later
 
 STRATEGIES = ("interleave", "random", "round_robin", "sequential", "alternating")
 STOPS = ("never", "first_exhausted", "all_exhausted")
@@ -111,6 +113,8 @@ class Mix(Node[TokenDoc]):
     ERA_BASE = "era_base"
     MIDWAY = "midway"  # per source: a document handed out in part, in pieces (pieces.py)
     STATE_KEYS = (CHILDREN, TOKENS, DOCUMENTS, PASSES, EXHAUSTED, PICKS, CURSOR, ENDED, ERA, ERA_BASE, MIDWAY)
+    #: `state_later` starts a new journal after this many takes, or as many as there are sources if more.
+    JOURNAL_MIN = 16
 
     def __init__(self, children: Mapping[str, Node[TokenDoc]], *, weights: Optional[Weights] = None,
                  strategy: str = "interleave", unit: str = "tokens", stop: str = "never",
@@ -171,6 +175,11 @@ class Mix(Node[TokenDoc]):
         self._watchers: List[set] = []
         self._static_shares = [self.schedule[0][1][n] for n in self.names]
         self._choice_key: Any = None  # what the choice's cached arrays were made for (_choice_arrays)
+        # state_later's journal (mix_journal.py), the sources pulled since its last take, and whether a change
+        # touched every source since (the next take is then a full state)
+        self._journal: Optional[MixJournal] = None
+        self._journal_moved: set = set()
+        self._journal_full = True
         self._fresh()
 
     def _fresh(self) -> None:
@@ -201,6 +210,7 @@ class Mix(Node[TokenDoc]):
         """After a reset: no child state is known, and every watcher must look at every source."""
         self._kid_states: Dict[str, Any] = dict.fromkeys(self.names)  # the order the state lists them in
         self._stale = set(range(len(self.names)))  # children pulled since their state was last taken
+        self._journal_full = True
         for seen in self._watchers:
             seen.update(range(len(self.names)))
 
@@ -237,6 +247,7 @@ class Mix(Node[TokenDoc]):
 
     def _pulled(self, i: int) -> None:
         self._stale.add(i)
+        self._journal_moved.add(i)
         for seen in self._watchers:
             seen.add(i)
 
@@ -252,6 +263,7 @@ class Mix(Node[TokenDoc]):
             self._era_base = list(self._tokens if self.unit == "tokens" else self._docs)
             self._lag[:] = 0
             self._lag_total = 0
+            self._journal_full = True  # every source's era base changed
         return self.clock.eras[era][1]
 
     def _choice_arrays(self, shares: Optional[List[float]]) -> Tuple[np.ndarray, np.ndarray, float, frozenset]:
@@ -449,6 +461,32 @@ class Mix(Node[TokenDoc]):
             self.ENDED: self._ended, self.ERA: self._era, self.ERA_BASE: list(self._era_base),
             self.MIDWAY: list(self._midway),
         }
+
+    def state_later(self) -> Later:
+        """This mixer's state as it stands now, to be read later (pipes/state_later.py; a packer's
+        checkpoints): the sources pulled since the previous take, added to a journal of changes to a
+        full state (mix_journal.py), so a take costs what was pulled, not the number of sources. A
+        full state after a change that touched every source, and every ``max(JOURNAL_MIN, sources)``
+        takes. Its ``state()`` equals, value for value, what `state_dict` gives now."""
+        journal = self._journal
+        if journal is None or self._journal_full or len(journal.entries) >= max(self.JOURNAL_MIN, len(self.names)):
+            self._journal_moved.clear()
+            self._journal_full = False
+            lists = (self.TOKENS, self.DOCUMENTS, self.PASSES, self.EXHAUSTED, self.MIDWAY)  # the counters' order
+            self._journal = journal = MixJournal(self.state_dict(), self.CHILDREN, lists,
+                                                 (self.PICKS, self.CURSOR, self.ENDED, self.ERA))
+            return journal.first()
+        kids, names, children, stale = self._kid_states, self.names, self.children, self._stale
+        changes = []
+        for i in self._journal_moved:
+            name = names[i]
+            if i in stale:  # as get_state takes it, and keeps it for the next get_state
+                kids[name] = children[i].state_dict()
+                stale.discard(i)
+            changes.append((i, name, kids[name], (self._tokens[i], self._docs[i], self._passes[i],
+                                                  self._exhausted[i], self._midway[i])))
+        self._journal_moved.clear()
+        return journal.add((self._picks, self._cursor, self._ended, self._era), changes)
 
     def get_state_counters(self) -> Dict[str, Any]:
         """The counters an elastic resume carries over (elastic.py), per source in order."""

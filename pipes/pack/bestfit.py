@@ -96,6 +96,7 @@ import numpy as np
 from ..base import Node, StateError
 from ..items import Row, TokenDoc
 from ..roles import PACKER
+from ..state_later import later_of, read_later
 from .core import Slots
 from .savepoint import SavePoint, again_of
 from .stats import load_stats, new_stats
@@ -178,6 +179,8 @@ class BestFitPack(Node[Row]):
         Slots(1, self.row_len, mode=mode)  # validates mode early
         self.buffer_tokens = self.resolve_buffer_tokens(buffer_tokens, seq_len, mode, buffer_size)
         self._savepoint = SavePoint(parent)
+        # A checkpoint's parent state is taken for later (pipes/state_later.py): only the oldest is ever read
+        self._take_later = later_of(parent)
         self._clear()
 
     @classmethod
@@ -204,8 +207,8 @@ class BestFitPack(Node[Row]):
         self._pieced: List[int] = []
         self._unparked: set = set()
         self._tok_at: Dict[int, int] = {}  # seq -> tokens pulled up to and including it (origin: reset or base)
-        # (seq, the parent's state before pulling document seq, tokens pulled before it)
-        self._ckpts: Deque[Tuple[int, Dict[str, Any], int]] = deque()
+        # (seq, the parent's state before pulling document seq, taken for later (read_later), tokens pulled before it)
+        self._ckpts: Deque[Tuple[int, Any, int]] = deque()
         # Per buffered document that came in pieces: the pull of its latest piece, which holds the whole
         # document up to there (pieces.py), so a restore re-reads it from there; and a heap of (pull, seq),
         # lazily pruned, for the earliest of them.
@@ -279,7 +282,7 @@ class BestFitPack(Node[Row]):
         # saved base) takes the same ones as the packer that saved.
         if ((seq % self.CHECKPOINT_EVERY == 0 or self._since_ckpt >= self.CHECKPOINT_ROWS * self.row_len)
                 and (not self._ckpts or self._ckpts[-1][0] != seq)):
-            self._ckpts.append((seq, self.parent.state_dict(), self._tokens))
+            self._ckpts.append((seq, self._take_later(), self._tokens))
             self._since_ckpt = 0
 
     def _add(self, seq: int, doc: TokenDoc, used: int, pulled_at: Optional[int] = None,
@@ -364,6 +367,7 @@ class BestFitPack(Node[Row]):
         """Fill the buffer up to ``buffer_size`` documents and `fill_limit` tokens; returns whether
         upstream has ended."""
         slots, stats, parent, ckpts, every = self._slots, self._stats, self.parent, self._ckpts, self.CHECKPOINT_EVERY
+        take_later = self._take_later
         ckpt_tokens = self.CHECKPOINT_ROWS * self.row_len
         limit = self.fill_limit()
         # minus what the row being built already took, and what parked pieces hold (they cannot be placed)
@@ -377,7 +381,7 @@ class BestFitPack(Node[Row]):
         while not self._ended and ((slots.occupied - len(self._open) < cap and held < limit) or held <= 0):
             seq = self._pulled  # the body of _pull and _add, inlined: this loop runs once per document
             if (seq % every == 0 or since >= ckpt_tokens) and (not ckpts or ckpts[-1][0] != seq):
-                ckpts.append((seq, parent.state_dict(), total))
+                ckpts.append((seq, take_later(), total))
                 since = 0
             try:
                 doc = parent.next()
@@ -547,12 +551,13 @@ class BestFitPack(Node[Row]):
         if self._replay_to:
             # Restored but not yet replayed: the saved position is still the position.
             live, consumed, repull = self._loaded_lists
-            return self._state(self._ckpts[0][1], self._ckpts[0][0], self._replay_to, live, consumed,
+            return self._state(read_later(self._ckpts[0][1]), self._ckpts[0][0], self._replay_to, live, consumed,
                                self._savepoint.loaded, repull)
         if not self._slot_of:
             return self._state(self.parent.state_dict(), self._pulled, self._pulled, [], [], self._save_point(None))
         self._prune_checkpoints()
         base, parent_state, tok_base = self._ckpts[0]
+        parent_state = read_later(parent_state)
         repull = self._repull_rows(base, tok_base)
         # Taken with every batch a worker sends: numpy over the ~buffer_size live documents
         # (0.1 ms at 1000) instead of a Python call per document (1.7 ms).
