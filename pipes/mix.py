@@ -47,7 +47,9 @@ children it pulled since (a packer takes the mixer's state about once a row, so 
 ``n`` would cost ``n`` Python calls a row); its state shares the unchanged children's state
 objects with the previous one (states are never modified in place). The interleave choice is
 one numpy pass over ``n`` values per pick, with the sums it needs kept as the counts change.
-Nodes that keep something per source (a packer's save point) ask `pulled_since` which
+A packer that keeps the mixer's state at every checkpoint takes it with `state_later`: a journal
+of the sources pulled since the previous take (mix_journal.py), rebuilt into the state only when
+read. Nodes that keep something per source (a packer's save point) ask `pulled_since` which
 sources were pulled since they last looked. Measured by benchmarks/sources.py.
 """
 

@@ -81,7 +81,10 @@ pulls back, and a window reaching back to it made a restore re-read all of them
 (docs/performance.md, "Many sources"). Such a document keeps the number of its first
 piece (it orders the index) and may begin before ``base``; the state lists the pull of
 its latest piece and the tokens pulled up to its first (the delay bound counts them).
-Checkpoints no state can start from any more are dropped (`_thin_checkpoints`).
+Checkpoints no state can start from any more are dropped (`_thin_checkpoints`). A checkpoint's
+upstream state is taken for later (pipes/state_later.py) and read only for the oldest: under a
+mixer it records the sources pulled since the checkpoint before (pipes/mix_journal.py), not a copy
+of every source's state, at about one checkpoint a document pulled.
 """
 
 from __future__ import annotations
