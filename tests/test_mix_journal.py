@@ -2,7 +2,8 @@
 `Mix.state_later` handle gives is, byte for byte once written out, the state `state_dict` gave at
 the same point, for every strategy and stop rule, with pieces, finite branches, a weights schedule
 that changes eras, restores, and `state_dict` calls in between; and the best-fit packer's rows and
-states are the same whether its parent offers `state_later` or not."""
+states are the same whether its parent offers `state_later` or not, and it resumes at every step
+through the shared resume helper (tokenloom.testing.check_node_resume)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from tokenloom.pipes.pack.bestfit import BestFitPack
 from tokenloom.pipes.pieces import Pieces
 from tokenloom.pipes.schedule import StepClock
 from tokenloom.pipes.state_later import Later, later_of, read_later
+from tokenloom.testing import check_node_resume
 
 
 class Synthetic(Node[TokenDoc]):
@@ -157,3 +159,20 @@ def test_the_packer_gives_the_same_rows_and_states_with_or_without_its_parent_ta
         return out
 
     assert run(plain=False) == run(plain=True)
+
+
+@pytest.mark.parametrize("buffer_size,sources,finite", [(1, 20, False), (3, 5, True)])
+def test_the_packer_over_a_journaled_mixer_resumes_at_every_step(buffer_size, sources, finite):
+    """The resume helper over the graph the recipes build with several sources (more of them than
+    `Mix.JOURNAL_MIN`, so journals start over mid-run), at the smallest buffer, and over finite branches
+    whose stream must end."""
+    def build():
+        kids = {f"s{i}": Pieces(Synthetic(f"s{i}", i, longest=200, total=12 if finite else None), piece=33)
+                for i in range(sources)}
+        return BestFitPack(Mix(kids, weights={k: 1.0 for k in kids}), seq_len=31, buffer_size=buffer_size)
+
+    steps = check_node_resume(build, max_steps=250)
+    if finite:
+        assert 20 < steps < 250, "the finite stream must end"
+    else:
+        assert steps == 250
