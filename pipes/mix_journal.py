@@ -10,8 +10,9 @@ of sources. `MixJournal.state_at` rebuilds a take's state: the base's lists and 
 copied once, the entries up to it applied, the keys in the base's order; every value equals
 what the mixer's ``state_dict()`` gave at that take (the branch states are the same objects).
 A rebuild starts from the last take rebuilt before it, so a packer reading its checkpoints oldest
-first applies each entry about once; a handle makes its state once (`MixLater`). The mixer starts a new journal every so many takes
-(`Mix.JOURNAL_MIN`, or the number of sources), so a rebuild applies at most that many entries.
+first applies each entry about once; a handle makes its state once (`MixLater`). The mixer starts
+a new journal every so many takes (`Mix.JOURNAL_MIN`, or the number of sources), so a rebuild
+applies at most that many entries.
 """
 
 from __future__ import annotations
