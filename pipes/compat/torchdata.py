@@ -325,6 +325,16 @@ def worker_dataset_states(loader_state: Mapping[str, Any]) -> Dict[int, Any]:
     return {int(w[_WORKER_ID]): _dataset_state(w) for w in workers.values()}
 
 
+def worker_trees_ended(loader_state: Mapping[str, Any]) -> Dict[int, bool]:
+    """``{worker: whether its data had ended}`` at the last snapshot of a multi-worker
+    StatefulDataLoader state (empty for 0 workers)."""
+    snapshot = loader_state.get(_StatefulMultiProcessingDataLoaderIter._SNAPSHOT)
+    if snapshot is None:
+        return {}
+    workers = snapshot[_StatefulMultiProcessingDataLoaderIter._WORKER_SNAPSHOTS]
+    return {int(w[_WORKER_ID]): bool((w.get(_FETCHER_STATE) or {}).get(_FETCHER_ENDED)) for w in workers.values()}
+
+
 def _dataset_state(holder: Mapping[str, Any]) -> Any:
     fetcher = holder.get(_FETCHER_STATE) or {}
     return fetcher.get(_DATASET_ITER_STATE) or holder.get(_DATASET_STATE)

@@ -37,7 +37,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from . import envelope
 from .config_check import TOPOLOGY, check_config
 from ..compat.mp_queue import direct_context
-from .elastic_entry import point_of, read_old_states
+from .elastic_entry import new_weights_between_snapshots, point_of, read_old_states
 from .elastic import CARRY, apply_carry, build_shard, plan_shards, trimmed, worker_trees
 from .envelope import (KEY_PREFIX, STATE_FORMAT, STATE_VERSION, decode_state,  # noqa: F401 (re-exported)
                        STATE_VERSIONS_READ, decode_with_digest, digest_of, encode_state, lineage_of)
@@ -400,12 +400,9 @@ class TokenLoomLoader(AcceleratePrepared, IteratorHook, StatefulDataLoader):
         inner = state_dict[self.LOADER]
         reweighted = allow_weight_change and meta[self.CONFIG].get("weights") != self.config.get("weights")
         if reweighted and meta[self.PHASE] == self.DATA and inner and steps_since_snapshot(inner):
-            # torchdata would replay the batches since the snapshot under the new weights: other batches
-            # than the run gave, so the position reached would not be the one saved
-            raise ValueError(f"this state was taken {steps_since_snapshot(inner)} batches after its last worker "
-                             f"snapshot (snapshot_every_n_steps={self.snapshot_every_n_steps}), and a change of "
-                             "weights cannot replay them; change the weights from a state saved at a multiple of "
-                             "snapshot_every_n_steps, or resume this one with the weights it was saved with")
+            # torchdata would replay the batches since the snapshot under the new weights
+            raise new_weights_between_snapshots("this state", steps_since_snapshot(inner),
+                                                f"snapshot_every_n_steps={self.snapshot_every_n_steps}")
         self._tally.restore(meta[self.STATS], meta[self.EARLIER])
         self._padding_batches = int(meta[self.PADDING_BATCHES])
         self._round_padding = int(meta[self.ROUND_PADDING])
@@ -471,7 +468,10 @@ class TokenLoomLoader(AcceleratePrepared, IteratorHook, StatefulDataLoader):
             self.dataset.round, self.dataset.elastic = round_ + 1, None
         else:
             ranked = sorted(decoded, key=lambda d: int(d[self.META][self.CONFIG]["rank"]))
-            old = read_old_states(self.dataset, ranked, round_, old_world, old_workers)
+            reweighted = allow_weight_change and any(m[self.CONFIG].get("weights") != self.config.get("weights")
+                                                     for m in metas)
+            old = read_old_states(self.dataset, ranked, round_, old_world, old_workers, reweighted,
+                                  self.multiprocessing_context)
             epochs = self.config.get("epochs")
             plans = plan_shards(old, self.dataset.source_names(), new_shards=range(rank * workers, (rank + 1) * workers),
                                 num_new=world * workers, step=steps, round_=round_,

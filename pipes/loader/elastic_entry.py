@@ -4,9 +4,10 @@ what each old rank's state holds for the planner (elastic.py), from the states a
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Sequence, Set, Tuple
 
 from ..compat.torchdata import steps_since_snapshot
+from .advance import advance_in_child
 from .envelope import CONFIG, ELASTIC, LINEAGE, LOADER, META, OVER, PHASE, ROUND, ROUND_PADDING, STEPS
 from .node_dataset import ShardContext
 from .old_shards import OldShard, read_old_shards, worker_trees
@@ -50,27 +51,44 @@ def point_of(metas: Sequence[Mapping[str, Any]]) -> Tuple[int, int, int, int, Se
     return old_world, old_workers, round_, steps, phases
 
 
-def old_positions(states: Sequence[Mapping[str, Any]]) -> List[Tuple[int, Dict[int, Any], Any]]:
+def new_weights_between_snapshots(what: str, steps: int, setting: str) -> ValueError:
+    """The error for a change of weights from a state taken ``steps`` batches after its last worker
+    snapshot (``setting``: the snapshot interval, as text): those batches would be replayed under the new
+    weights, other batches than the run gave, so the position reached would not be the one saved."""
+    return ValueError(f"{what} was taken {steps} batches after its last worker snapshot ({setting}), and a "
+                      "change of weights cannot replay them; change the weights from a state saved at a multiple of "
+                      "snapshot_every_n_steps, or resume this one with the weights it was saved with")
+
+
+def old_positions(states: Sequence[Mapping[str, Any]], factory: Callable[[Any], Any], reweighted: bool = False,
+                  start: Any = None) -> List[Tuple[int, Dict[int, Any], Any]]:
     """Per old rank (``states``: decoded, in rank order), ``(rank, worker trees, elastic plan)``: what
-    `old_shards.read_old_shards` reads their save points from. A state taken between worker snapshots
-    (``snapshot_every_n_steps > 1``) is refused: it does not hold every batch's position."""
-    held = []
-    for state in states:
+    `old_shards.read_old_shards` reads their save points from. The states taken between worker snapshots
+    (``snapshot_every_n_steps > 1``) have their workers' graphs (``factory``'s) advanced to their step, in
+    a child started with ``start`` (advance.py); refused when ``reweighted`` (the loader's weights are not
+    the ones saved), as the replay would run under the new weights."""
+    held, jobs = [], {}
+    for i, state in enumerate(states):
         meta, inner = state[META], state[LOADER]
-        if steps_since_snapshot(inner):
-            raise ValueError(f"rank {int(meta[CONFIG]['rank'])}'s state was taken "
-                             f"{steps_since_snapshot(inner)} batches after its last worker snapshot "
-                             "(snapshot_every_n_steps > 1): an elastic resume needs the position of every batch; "
-                             "save at a step that is a multiple of snapshot_every_n_steps, or pass "
-                             "snapshot_every_n_steps=1 (the default)")
-        # {}: saved before the round started
-        held.append((int(meta[CONFIG]["rank"]), worker_trees(inner) if inner else {}, meta[ELASTIC]))
+        config = meta[CONFIG]
+        held.append((int(config["rank"]), worker_trees(inner) if inner else {}, meta[ELASTIC]))  # {}: not started
+        if inner and steps_since_snapshot(inner):
+            if reweighted:
+                raise new_weights_between_snapshots(f"rank {int(config['rank'])}'s state",
+                                                    steps_since_snapshot(inner), "snapshot_every_n_steps > 1")
+            jobs[i] = dict(inner=inner, rank=int(config["rank"]), world=int(config["world_size"]),
+                           workers=int(config["num_workers"]), round_=int(meta[ROUND]), plan=meta[ELASTIC])
+    if jobs:
+        for i, trees in zip(jobs, advance_in_child(factory, ShardContext, list(jobs.values()), start)):
+            held[i] = (held[i][0], trees, held[i][2])
     return held
 
 
 def read_old_states(dataset: Any, states: Sequence[Mapping[str, Any]], round_: int, world: int,
-                    workers: int) -> List[OldShard]:
+                    workers: int, reweighted: bool = False, start: Any = None) -> List[OldShard]:
     """The old ranks' shards (``states``: decoded, in rank order) at their save points, read from the
-    states alone for ``dataset``'s graph (`old_shards.read_old_shards`)."""
-    return read_old_shards(dataset.factory, old_positions(states), names=dataset.source_names(), round_=round_,
-                           world=world, workers=workers, context=ShardContext)
+    states alone for ``dataset``'s graph (`old_shards.read_old_shards`); ``reweighted``, ``start``: see
+    `old_positions`."""
+    return read_old_shards(dataset.factory, old_positions(states, dataset.factory, reweighted, start),
+                           names=dataset.source_names(), round_=round_, world=world, workers=workers,
+                           context=ShardContext)

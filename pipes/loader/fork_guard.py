@@ -21,6 +21,7 @@ workers. A start method the user chose is kept as it is.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import pickle
 from typing import Any, List
@@ -55,3 +56,17 @@ def picklable(obj: Any) -> bool:
     except Exception:  # noqa: BLE001 - a closure, a lambda, a lock: whatever pickle refuses
         return False
     return True
+
+
+def safe_context(chosen: Any, factory: Any) -> Any:
+    """The multiprocessing context to start a child that builds ``factory``'s graphs with: ``chosen``
+    (a DataLoader's ``multiprocessing_context``: None, a start method's name or a context; None is the
+    default method), except ``forkserver`` where that would fork a process running `unsafe_pools` and
+    the factory can be sent to a clean one, as the loader starts its workers (bridge.py)."""
+    if chosen is None:
+        method = multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0]
+    else:
+        method = chosen if isinstance(chosen, str) else chosen.get_start_method()
+    if method == "fork" and unsafe_pools() and picklable(factory):
+        method = "forkserver"
+    return multiprocessing.get_context(method)
