@@ -19,8 +19,8 @@ then, for ``bestfit-crop`` with epochs, several sources each delivered to the ro
 then, one scenario in ten, many sources (issue 46: 8-64 of them, a third of 1-3 documents, some of
 documents of 1-2 words, the topologies sometimes narrowed to one or two shards so a source can be a
 single document; see `many_sources`); then, one in seven, workers that take their state only around
-every N-th step (``snapshot_every_n_steps`` 2-8, 1-2 batches ready each; saves at multiples of N, see
-`sparse_snapshots`).
+every N-th step (``snapshot_every_n_steps`` 2-8, 1-2 batches ready each; saves at multiples of N or, in
+half of them, between, see `sparse_snapshots`).
 Besides the oracle's checks, ``loader.stats()``'s documents per source must be the documents whose
 first token came as an input (pretrain, the recipe's graph).
 Each scenario runs under a time limit (``--limit``): an epoch that never ends fails with its seed.
@@ -249,18 +249,26 @@ def draw(seed: int) -> Scenario:
 
 def sparse_snapshots(rng: random.Random, sc: Scenario) -> None:
     """Workers take their state only around every N-th step (``snapshot_every_n_steps``, N 2-8), with 1-2
-    batches ready each (``prefetch_factor``) so that most batches carry none. A state saved between two
-    N-th steps resumes only on the same topology with the same weights (the loader refuses it elastically
-    or with new weights; test_sparse_snapshots.py), so each hop saves at a multiple of N, as a run that
-    checkpoints every N steps does: a save of k steps becomes the nearest multiple, and one at a round's last batch
-    (``"last"``, a step of its own) its end. Saves between snapshots on one topology: test_sparse_snapshots.py."""
+    batches ready each (``prefetch_factor``) so that most batches carry none. Each hop saves at a multiple
+    of N, as a run that checkpoints every N steps does (a save of k steps becomes the nearest multiple, and
+    one at a round's last batch, ``"last"``, a step of its own, its end), or in half of the scenarios at the
+    step drawn: a state between two N-th steps resumes elastically too (advance.py), but not with new
+    weights (refused; test_sparse_snapshots.py)."""
     every = rng.choice([2, 3, 5, 8])
     sc.loader["snapshot_every_n_steps"], sc.loader["prefetch_factor"] = every, rng.choice([1, 2])
+    drawn = [hop.save for hop in sc.hops]
     for hop in sc.hops:
         if isinstance(hop.save, int) and hop.save:
             hop.save = every * max(1, round(hop.save / every))
         elif hop.save == "last":
             hop.save = "end" if sc.epochs is not None else every
+    # Drawn after the rest (the scenarios above stay as they were): in half of them, saves between two N-th
+    # steps too, which an elastic resume advances to their step (pipes/loader/advance.py); not where the next
+    # hop changes the weights, which refuses them.
+    if rng.random() < 0.5:
+        for hop, nxt, save in zip(sc.hops, sc.hops[1:], drawn):
+            if isinstance(save, int) and save and not nxt.weights:
+                hop.save = save
 
 
 #: The share of scenarios whose long documents come in pieces of more than a row (``piece_rows``).
