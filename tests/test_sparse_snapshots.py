@@ -51,17 +51,19 @@ def test_a_state_between_snapshots_resumes_exactly_on_the_same_topology(corpus, 
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
-def test_a_state_at_a_snapshot_step_resumes_elastically_each_document_once(tmp_path):
+@pytest.mark.parametrize("seed,save", [(47, EVERY), (48, EVERY + 5)], ids=["at-a-snapshot", "between-snapshots"])
+def test_a_state_resumes_elastically_each_document_once(tmp_path, seed, save):
+    """Saved at a snapshot step, or 5 batches after one (advanced to its step, advance.py); 2 -> 3 workers."""
     from .oracle_fuzz import FuzzHop, Scenario, run_scenario
 
     # 24 sources of 3 documents, bestfit, one epoch, nothing cycled: the round holds every document once.
     sources = {f"m{i:02d}": ("parquet", 3) for i in range(24)}
     loader = {"predict_bos": True, "mix": "interleave", "weights": {name: 1.0 for name in sources},
               "stop": "all_exhausted", "cycle_exhausted": False, **SPARSE}
-    sc = Scenario(47, sources, 16, 2, "bestfit", 8, 1, loader,
-                  [FuzzHop(1, 2, save=EVERY), FuzzHop(1, 3, save="end", as_dict=False)])
+    sc = Scenario(seed, sources, 16, 2, "bestfit", 8, 1, loader,
+                  [FuzzHop(1, 2, save=save), FuzzHop(1, 3, save="end", as_dict=False)])
     out = run_scenario(sc, str(tmp_path / "run"), limit=120)
-    assert out["rounds"] == 1 and out["batches"] > EVERY + 4, f"the save was not mid-epoch: {out}"
+    assert out["rounds"] == 1 and out["batches"] > save + 4, f"the save was not mid-epoch: {out}"
 
 
 @pytest.mark.parametrize("steps", [3, EVERY + 5, 2 * EVERY + 1])
@@ -92,20 +94,6 @@ def test_a_state_between_snapshots_is_advanced_to_the_workers_states_at_its_step
     got = advance_trees(factory, ShardContext, inner, rank=0, world=1, workers=2, round_=int(meta[ROUND]),
                         plan=meta[ELASTIC])
     assert got == worker_trees(inners["dense"][0])
-
-
-@pytest.mark.filterwarnings("ignore::UserWarning")
-def test_a_state_between_snapshots_resumes_elastically_each_document_once(tmp_path):
-    """The same oracle as at a snapshot step, the state saved 5 batches after one (2 -> 3 workers)."""
-    from .oracle_fuzz import FuzzHop, Scenario, run_scenario
-
-    sources = {f"m{i:02d}": ("parquet", 3) for i in range(24)}
-    loader = {"predict_bos": True, "mix": "interleave", "weights": {name: 1.0 for name in sources},
-              "stop": "all_exhausted", "cycle_exhausted": False, **SPARSE}
-    sc = Scenario(48, sources, 16, 2, "bestfit", 8, 1, loader,
-                  [FuzzHop(1, 2, save=EVERY + 5), FuzzHop(1, 3, save="end", as_dict=False)])
-    out = run_scenario(sc, str(tmp_path / "run"), limit=120)
-    assert out["rounds"] == 1 and out["batches"] > EVERY + 9, f"the save was not mid-epoch: {out}"
 
 
 _ADVANCE_JOB = r"""
