@@ -120,10 +120,10 @@ class DataSettings:
         READ_BUDGET, doc="bytes of decoded text one loader worker (or the training process) holds for reading, "
                          "shared by the sources: a parquet row group larger than its source's share (read_budget / "
                          "sources) is decoded in windows of that many bytes (at least 8 rows), its rows shuffled "
-                         "within each window; each window reopens its row group and decodes its pages up to the "
-                         "window (the whole group where one dictionary page holds it), so a larger budget costs "
-                         "memory and saves decodes; None: whole row groups (memory then grows with sources x row "
-                         "group)",
+                         "within each window; a reader decodes the windows of its slice in one pass and holds those "
+                         "it has yet to read lz4-compressed, up to twice its share, and decodes the group again for "
+                         "the windows past that, so a larger budget costs memory and saves decodes; None: whole row "
+                         "groups (memory then grows with sources x row group)",
         check=at_least(1, "whole row groups"), absent=None,
         hint="the row order inside row groups larger than read_budget / sources depends on it; pass the saved "
              "read_budget (None: whole row groups, what a state saved before this setting read)",

@@ -5,10 +5,12 @@ and records ``(file, row group, rows)`` for every non-empty row group; the
 resulting `UnitTable` is a few small integer arrays (rows and the column's uncompressed
 bytes per row group), so it crosses into loader workers cheaply. Reading loads one row
 group's text column at a time, or, for a row group larger than the reader's window
-(``windows``, sized by the recipes from ``read_budget`` shared by the sources), one window
-of its rows (row_windows.py, parquet_windows.py); texts become Python strings a chunk at a
-time (``chunk_bytes``: the recipes give a quarter of a source's share of ``read_budget``). So
-what one worker holds is about ``read_budget`` of decoded rows and a quarter of it in texts,
+(``windows``, sized by the recipes from ``read_budget`` shared by the sources), its rows in
+windows (row_windows.py, parquet_windows.py): the windows of a slice decoded in one pass and
+held lz4-compressed until read (held_rows.py, up to ``hold_bytes``: twice a source's share),
+or one window decoded at a time where they cannot be held; texts become Python strings a chunk
+at a time (``chunk_bytes``: the recipes give a quarter of a source's share of ``read_budget``).
+So what one worker holds is about ``read_budget`` of rows and a quarter of it in texts,
 whatever the corpus and its row groups; with ``read_budget=None`` it is a row group per source.
 
 Inside a unit, rows are visited in a seeded permutation per (epoch, unit); a
@@ -64,6 +66,7 @@ from .listing_at_once import each_file
 from .host_cache import shared
 from .first_fetches import FirstFetches
 from .parquet_footer import MAGIC, TAIL_BYTES, footer_bytes  # noqa: F401 (MAGIC, TAIL_BYTES re-exported)
+from .held_rows import BadRow, HeldWindow
 from .parquet_windows import RowsChanged, UnitWindows
 from .readahead import RowGroupReadAhead, budget_for
 from .row_windows import windowed
@@ -318,9 +321,10 @@ def _bad_utf8(value: pa.Scalar) -> bool:
 class ReadParquet(CursorReader, SkipCount, Node[Doc]):
     """Reads the documents of the slices a `ShardUnits` node emits.
 
-    Memory: what a reader holds is its position, the rows it is reading (a whole row group, or
-    one window of a row group larger than ``windows[unit]`` rows, row_windows.py and
-    parquet_windows.py) and the Python texts of a chunk of rows (at most ``chunk_bytes``, and a
+    Memory: what a reader holds is its position, the rows it is reading (a whole row group; or,
+    for a row group larger than ``windows[unit]`` rows, the windows of its slice compressed, up to
+    ``hold_bytes``, or one window decoded: row_windows.py, parquet_windows.py, held_rows.py) and
+    the Python texts of a chunk of rows (at most ``chunk_bytes``, and a
     row per kibibyte of it, at least `CHUNK_ROWS`): texts are converted as the cursor reaches
     them, never a whole slice at once, and a chunk is one ``take`` call, so a large chunk costs
     little per row (one source at the recipes' budget converts a row group at once).
@@ -350,6 +354,9 @@ class ReadParquet(CursorReader, SkipCount, Node[Doc]):
         chunk_bytes: Arrow bytes of the texts converted to Python at once (and held), at most
             (at least one row); None: `CHUNK_BYTES`. The recipes give a quarter of the source's
             share of ``read_budget``.
+        hold_bytes: compressed bytes of a row group's rows read ahead in one pass and held, at most
+            (parquet_windows.py; None: twice the text of a window). The recipes give twice the
+            source's share of ``read_budget``.
 
     State keys: ``PARENT`` (the sharder's state at the start of the current slice), ``ROW`` (rows
     of that slice handed out, null ones included; a restore reads the row group again and skips
@@ -370,12 +377,16 @@ class ReadParquet(CursorReader, SkipCount, Node[Doc]):
 
     def __init__(self, parent: ShardUnits, units: UnitTable, *, column: str = "text", source: str = "",
                  seed: int = 0, shuffle_rows: bool = True, readahead: Optional[int] = None,
-                 windows: Optional[np.ndarray] = None, chunk_bytes: Optional[int] = None):
+                 windows: Optional[np.ndarray] = None, chunk_bytes: Optional[int] = None,
+                 hold_bytes: Optional[int] = None):
         super().__init__(parent)
         if chunk_bytes is not None and chunk_bytes < 1:
             raise ValueError(f"{chunk_bytes=} must be >= 1 (None: {self.CHUNK_BYTES})")
         self.chunk_bytes = self.CHUNK_BYTES if chunk_bytes is None else int(chunk_bytes)
         self.chunk_rows = max(self.CHUNK_ROWS, self.chunk_bytes >> 10)
+        if hold_bytes is not None and hold_bytes < 1:
+            raise ValueError(f"{hold_bytes=} must be >= 1 (None: twice a window's text)")
+        self.hold_bytes = hold_bytes
         self.parent, self.units, self.column = parent, units, column
         self.source, self.seed, self.shuffle_rows = source, seed, shuffle_rows
         self.readahead = readahead
@@ -490,7 +501,8 @@ class ReadParquet(CursorReader, SkipCount, Node[Doc]):
             raise RuntimeError(f"{self.units.where(u)} has {found} rows, its footer said {n}; "
                                "the file changed after the loader was built")
         if windowed(n, window):
-            self._windows = UnitWindows(make, unit=u, row_group=group, column=self.column, rows=n, window=window)
+            self._windows = UnitWindows(make, unit=u, row_group=group, column=self.column, rows=n, window=window,
+                                        hold_bytes=self.hold_bytes)
         else:
             self._column = table.column(0)
         self._unit = u
@@ -507,7 +519,7 @@ class ReadParquet(CursorReader, SkipCount, Node[Doc]):
             if k != self._window:
                 self._column = None  # the old window goes before the next is decoded
                 try:
-                    self._column = self._windows.get(k)
+                    self._column = self._windows.get(k, last=(s.hi - 1) // w)
                 except RowsChanged as e:
                     raise RuntimeError(f"{self.units.where(s.unit)}: {e}") from e
                 except Exception as e:
@@ -516,6 +528,13 @@ class ReadParquet(CursorReader, SkipCount, Node[Doc]):
             end = min(end, (k + 1) * w - s.lo)  # positions of window k end there
         # From the buffer: pa.array() on any input imports pandas, 0.15-0.2 s of each worker's first batch.
         idx = np.ascontiguousarray(rows[i:end], dtype=np.int64) - self._first
+        if isinstance(self._column, HeldWindow):
+            try:
+                self._texts = self._column.texts(idx, self.chunk_bytes)
+            except BadRow as e:
+                raise self._bad_text(s, e.index + self._first, e.error) from e.error
+            self._chunk = i
+            return
         column = self._column.take(pa.Array.from_buffers(pa.int64(), len(idx), [None, pa.py_buffer(idx)]))
         if len(idx) > 1 and column.nbytes > self.chunk_bytes:
             keep = _rows_within(column, self.chunk_bytes)
@@ -524,10 +543,14 @@ class ReadParquet(CursorReader, SkipCount, Node[Doc]):
             self._texts = column.to_pylist()
         except UnicodeDecodeError as e:
             row = next(int(r) + self._first for r, v in zip(idx, column) if _bad_utf8(v))
-            raise ValueError(f"{self.units.where(s.unit, row)}: invalid UTF-8 in column {self.column!r} ({e.reason} "
-                             f"at byte {e.start}); the page is corrupt, or the column holds binary data as a string. "
-                             "Rewrite or remove the file") from e
+            raise self._bad_text(s, row, e) from e
         self._chunk = i
+
+    def _bad_text(self, s: WorkSlice, row: int, e: UnicodeDecodeError) -> ValueError:
+        """The error for row ``row`` (of unit ``s.unit``, file order) not being UTF-8."""
+        return ValueError(f"{self.units.where(s.unit, row)}: invalid UTF-8 in column {self.column!r} ({e.reason} "
+                          f"at byte {e.start}); the page is corrupt, or the column holds binary data as a string. "
+                          "Rewrite or remove the file")
 
     def _slice_done(self, s: WorkSlice) -> None:
         """The slice's last row is out: let go of its texts, and of its unit unless the next slice reads it."""
@@ -536,7 +559,7 @@ class ReadParquet(CursorReader, SkipCount, Node[Doc]):
         nxt = next(iter(ahead()), None) if ahead is not None else None
         if nxt is None or nxt.unit != s.unit:
             if self._windows is not None:
-                self._windows.close()
+                self._windows.drop()
             self._drop_unit()
 
     def next(self) -> Doc:

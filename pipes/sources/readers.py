@@ -40,6 +40,7 @@ from ..shard import ShardUnits
 from .fingerprint import source_fingerprint
 from .files import COMPRESSIONS, FORMAT_SUFFIXES, SourceFile, SourceSpec, resolve_files
 from .line_listing import list_text_units
+from .parquet_windows import HOLD_WINDOWS
 from .row_windows import window_rows
 from .text_files import ReadText
 from .retry import RetryPolicy
@@ -90,6 +91,8 @@ class SourcePlan:
     windows: Optional[np.ndarray] = field(default=None, compare=False, repr=False)
     #: Bytes of texts a parquet reader converts at once (`ReadParquet` ``chunk_bytes``; None: its default).
     chunk_bytes: Optional[int] = field(default=None, compare=False, repr=False)
+    #: Compressed bytes of rows a parquet reader holds ahead (`ReadParquet` ``hold_bytes``; None: its default).
+    hold_bytes: Optional[int] = field(default=None, compare=False, repr=False)
 
     def with_window_bytes(self, window_bytes: Optional[int]) -> "SourcePlan":
         """This plan with its parquet units read in windows of about ``window_bytes`` decoded bytes
@@ -98,7 +101,7 @@ class SourcePlan:
         without the columns' sizes (an index written before it recorded them) reads whole row
         groups, and a warning says to write the index again."""
         if window_bytes is None or self.fmt != "parquet":
-            return replace(self, windows=None, chunk_bytes=None)
+            return replace(self, windows=None, chunk_bytes=None, hold_bytes=None)
         # a quarter of the source's share of the budget: the texts held beside its window
         chunk = max(ReadParquet.CHUNK_BYTES, window_bytes // 4)
         col_bytes = getattr(self.units, "col_bytes", None)
@@ -107,7 +110,9 @@ class SourcePlan:
                           "by an older tokenloom), so its row groups are read whole, whatever read_budget says; "
                           "re-run `tokenloom index` on it to bound its memory", stacklevel=2)
             return replace(self, windows=None, chunk_bytes=chunk)
-        return replace(self, windows=window_rows(self.units.rows, col_bytes, window_bytes), chunk_bytes=chunk)
+        # the rows of a window pass held compressed: HOLD_WINDOWS shares (one decoded window used to be held)
+        return replace(self, windows=window_rows(self.units.rows, col_bytes, window_bytes), chunk_bytes=chunk,
+                       hold_bytes=HOLD_WINDOWS * window_bytes)
 
     @property
     def windowed(self) -> bool:
@@ -136,7 +141,7 @@ class SourcePlan:
             return ReadArrow(shard, self.units, column=self.column, **kw)
         if self.fmt == "parquet":
             return ReadParquet(shard, self.units, column=self.column, windows=self.windows,
-                               chunk_bytes=self.chunk_bytes, **kw)
+                               chunk_bytes=self.chunk_bytes, hold_bytes=self.hold_bytes, **kw)
         if self.fmt == "jsonl":
             return ReadJsonl(shard, self.units, field=self.column, require_type=self.require_type, **kw)
         return ReadText(shard, self.units, **kw)
