@@ -244,6 +244,11 @@ def draw(seed: int) -> Scenario:
     # N-th step (`sparse_snapshots`).
     if SPARSE_AT <= rng.random() < SPARSE_AT + SPARSE_P and any(h.workers for h in sc.hops):
         sparse_snapshots(rng, sc)
+    # Drawn last, as above, in a window none of the CI's seeds falls in: a read budget small enough that the
+    # parquet row groups of 16 rows are read in windows of 8 (row_windows.py), both held compressed or the second
+    # read again (held_rows.py), as the budget gives room.
+    if BUDGET_AT <= rng.random() < BUDGET_AT + BUDGET_P:
+        sc.loader["read_budget"] = rng.choice([1, 256, 2048, 1 << 14, 1 << 16])
     return sc
 
 
@@ -277,6 +282,9 @@ PIECES_AT = 0.1
 #: The share of scenarios whose workers take their state only around every N-th step (`sparse_snapshots`).
 SPARSE_P = 0.14
 SPARSE_AT = 0.545
+#: The share of scenarios with a small ``read_budget`` (row groups read in windows).
+BUDGET_P = 0.095
+BUDGET_AT = 0.877
 #: The share of scenarios drawn with many sources (`many_sources`); ``--many`` runs only those.
 MANY_P = 0.1
 MANY_AT = 0.36
