@@ -1,15 +1,14 @@
 """A window of text rows held lz4-compressed, one buffer per row: a row group read in windows is
 decoded once per few windows, not once per window.
 
-Why: parquet writers store a text column's values in a dictionary page by default (pyarrow up to
-1 MiB of it), and a row group of unique documents is then mostly that one page. Reading any window
+Why: parquet writers store a text column's values in a dictionary page by default (pyarrow up to a
+mebibyte of it), and a row group of unique documents is then mostly that one page. Reading any window
 of its rows decompresses and decodes the whole page, so a reader whose share of ``read_budget`` is
-a seventh of its row groups decoded each group seven times: at 256 sources, the largest cost of
-reading (docs/performance.md, "Many sources"). Holding the windows decoded would hold the row
-group; compressed, they take about 2.5 times less (the benchmarks' text; lz4 decompresses 2-3 times
-faster than snappy and zstd here and compresses as fast). So when a slice needs several windows of
-a row group, `UnitWindows.get` (parquet_windows.py) decodes them in one pass, each row compressed
-as it comes, up to a byte bound (twice the source's share of the budget, as the recipes set it:
+a seventh of its row groups decoded each group seven times: with many sources, the largest cost
+of reading. Holding the windows decoded would hold the row group; compressed, they take a fraction
+of that, and lz4 decompresses faster than the files' codecs do (figures: docs/performance.md, "Many
+sources", its fifth pass). So when a slice needs several windows of a row group,
+`UnitWindows.get` (parquet_windows.py) decodes them in one pass, each row compressed as it comes, up to a byte bound (twice the source's share of the budget, as the recipes set it:
 about what one decoded window used to take, on average); a chunk of texts decompresses just its
 rows, and a window is let go once the reader has passed it.
 

@@ -27,8 +27,8 @@ past window ``k``) and may reopen decodes them in one pass instead, from window 
 with its rows lz4-compressed (held_rows.py), until the compressed rows reach ``hold_bytes`` (the
 recipes: `HOLD_WINDOWS` times the source's share of the read budget) or window ``last``: a row
 group of one dictionary page costs a decode per few windows rather than one per window, and what
-waits is about 2.5 times smaller than the same rows decoded. A window held is let go when the
-reader asks for a later one.
+waits is a fraction of the same rows decoded. A window held is let go when the reader asks for a
+later one.
 
 A read that goes back (a restore, a new slice of the same unit that starts earlier) opens a new
 stream and skips forward.
@@ -47,8 +47,7 @@ from .held_rows import HeldWindow, holdable
 REOPEN_WINDOWS = 16
 #: Rows held compressed ahead of a reader take at most this many times its share of the read budget
 #: (`UnitWindows` ``hold_bytes``; without a share, this many times the text of the window just read).
-#: A reader used to hold one window decoded, about its share; compressed, two shares hold about five
-#: windows of text.
+#: A reader used to hold one window decoded, about its share; compressed, two shares hold several.
 HOLD_WINDOWS = 2
 
 
