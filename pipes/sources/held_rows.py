@@ -37,6 +37,12 @@ def codec() -> Optional[pa.Codec]:
     return _codec[0]
 
 
+def rows_within(lengths: np.ndarray, limit: int) -> int:
+    """How many first rows of these byte lengths hold at most ``limit`` bytes (at least one): a reader's
+    chunk of texts, whether its rows are held here or in an Arrow column (parquet.py)."""
+    return max(1, int(np.searchsorted(np.cumsum(lengths), limit, side="right")))
+
+
 def holdable(window: pa.ChunkedArray) -> bool:
     """Can this window's rows be held compressed (a plain string column, and the codec built)?"""
     t = window.type
@@ -94,9 +100,7 @@ class HeldWindow:
         """The texts of rows ``idx`` (of this window), in that order: as many first ones as hold at most
         ``limit`` bytes of text, at least one (the reader's chunk). Raises `BadRow` for invalid UTF-8."""
         if len(idx) > 1:
-            ends = np.cumsum(self.sizes[idx])
-            if ends[-1] > limit:
-                idx = idx[:max(1, int(np.searchsorted(ends, limit, side="right")))]
+            idx = idx[:rows_within(self.sizes[idx], limit)]
         c, blobs, sizes = codec(), self.blobs, self.sizes
         out: List[Optional[str]] = []
         for r in idx.tolist():

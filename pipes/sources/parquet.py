@@ -66,7 +66,7 @@ from .listing_at_once import each_file
 from .host_cache import shared
 from .first_fetches import FirstFetches
 from .parquet_footer import MAGIC, TAIL_BYTES, footer_bytes  # noqa: F401 (MAGIC, TAIL_BYTES re-exported)
-from .held_rows import BadRow, HeldWindow
+from .held_rows import BadRow, HeldWindow, rows_within
 from .parquet_windows import RowsChanged, UnitWindows
 from .readahead import RowGroupReadAhead, budget_for
 from .row_windows import windowed
@@ -305,8 +305,7 @@ def _rows_within(column: Any, limit: int) -> int:
         dtype = np.int64 if large else np.int32
         lengths = [np.diff(np.frombuffer(c.buffers()[1], dtype)[c.offset:c.offset + len(c) + 1])
                    for c in getattr(column, "chunks", [column]) if len(c)]
-        ends = np.cumsum(np.concatenate(lengths)) if lengths else np.zeros(0, np.int64)
-        return max(1, int(np.searchsorted(ends, limit, side="right")))
+        return rows_within(np.concatenate(lengths) if lengths else np.zeros(0, np.int64), limit)
     return max(1, len(column) * limit // column.nbytes)
 
 
