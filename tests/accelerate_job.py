@@ -17,7 +17,7 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import DataLoaderConfiguration
 
-from trainer_common import build_loader, loss_of, record, tiny_llama
+from trainer_common import TinyLM, build_loader, loss_of, record
 
 
 def main():
@@ -30,7 +30,7 @@ def main():
 def train(mode, glob, tokenizer, ckpt, out, stateful, steps, k):
     accelerator = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(
         use_stateful_dataloader=stateful == "1"))
-    model = tiny_llama()
+    model = TinyLM()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     model, optimizer, loader = accelerator.prepare(model, optimizer, build_loader(glob, tokenizer))
     if mode == "resume":

@@ -18,7 +18,7 @@ import sys
 
 import torch
 
-from trainer_common import build_loader, loss_of, record, tiny_llama
+from trainer_common import TinyLM, build_loader, loss_of, record
 
 
 def main():
@@ -37,7 +37,7 @@ def fit(mode, glob, tokenizer, ckpt_dir, out, steps, k, package, how):
     class Module(pl.LightningModule):
         def __init__(self):
             super().__init__()
-            self.model = tiny_llama()
+            self.model = TinyLM()
             self.seen = []
 
         def training_step(self, batch, batch_idx):

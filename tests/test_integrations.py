@@ -101,7 +101,7 @@ def test_hf_trainer_refuses_a_checkpoint_without_the_loader_state(corpus, tok_pa
 # The datamodule is tokenloom's own class, one per package: both packages. The loader as the module's
 # train_dataloader() goes through Lightning's loop only, the same code in both packages: one in
 # `make test`, the other under `make fuzz` (-m soak). The scenarios of a test share its two processes
-# (run, resume): importing torch, transformers and Lightning is most of a job's time.
+# (run, resume): importing torch and Lightning is most of a job's time.
 LIGHTNING = [("lightning", "datamodule"), ("pytorch_lightning", "datamodule"), ("lightning", "loader")]
 
 

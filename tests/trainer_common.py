@@ -1,11 +1,12 @@
 """What the trainer jobs (tests/*_job.py, run in fresh processes by tests/test_integrations.py)
-share: the corpus, the loader and a tiny random Llama. Imported by name: the jobs run with tests/
-first on ``sys.path``."""
+share: the corpus, the loader, a tiny random Llama (the Hugging Face Trainer's job) and a tinier
+LM (the other trainers'). Imported by name: the jobs run with tests/ first on ``sys.path``."""
 
 from __future__ import annotations
 
 import json
 import os
+from types import SimpleNamespace
 
 import torch
 
@@ -17,6 +18,24 @@ SEQ_LEN, BATCH, WORKERS = 32, 2, 2
 def build_loader(glob: str, tokenizer: str, **kw):
     return pretrain(glob, tokenizer=tokenizer, seq_len=SEQ_LEN, batch_size=BATCH, buffer_size=16, seed=3,
                     num_workers=WORKERS, **kw)
+
+
+class TinyLM(torch.nn.Module):
+    """A causal LM of an embedding and a projection, called as a Hugging Face one is (``loss_of``): what
+    the trainers other than Hugging Face's own need of a model, without importing transformers (seconds
+    per job process). The batches a step gets do not depend on the model."""
+
+    def __init__(self, vocab_size: int = 4096, width: int = 16):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = torch.nn.Embedding(vocab_size, width)
+        self.out = torch.nn.Linear(width, vocab_size)
+
+    def forward(self, input_ids, position_ids=None, labels=None, shift_labels=None):
+        logits = self.out(self.embed(input_ids))
+        targets = shift_labels if shift_labels is not None else labels
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
+        return SimpleNamespace(loss=loss, logits=logits)
 
 
 def tiny_llama(vocab_size: int = 4096):
