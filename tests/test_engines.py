@@ -66,7 +66,10 @@ def _trained(path, normalizer=None, byte_fallback=False, vocab=600):
                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
         if normalizer is not None:
             tok.normalizer = normalizer
-    tok.train_from_iterator(_texts(60), trainer=trainer)
+    texts = _texts(60)
+    if byte_fallback:  # no pre-tokenizer: a whole text would be one word to the trainer; lines train in a quarter of the time
+        texts = [line for t in texts for line in t.splitlines(keepends=True)]
+    tok.train_from_iterator(texts, trainer=trainer)
     tok.save(str(path))
     return str(path)
 
