@@ -5,7 +5,9 @@ tests/test_direct_queue.py."""
 
 from __future__ import annotations
 
+import gc
 import io
+import os
 import pathlib
 import tokenize
 
@@ -138,6 +140,56 @@ def test_stop_workers_without_torchs_shutdown_leaves_them_to_the_collector():
     loader._iterator = it
     torchdata_compat.stop_workers(loader, it)
     assert torchdata_compat.current_iterator(loader) is it  # nothing stopped, nothing forgotten
+
+
+def _garbage_with(make_garbage):
+    """The type names of what the collector finds unreachable together, once ``make_garbage()`` has
+    dropped the last references (the objects are saved, not freed, then let go)."""
+    gc.collect()
+    make_garbage()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        gc.collect()
+        names = [type(o).__name__ for o in gc.garbage]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+    gc.collect()
+    return names
+
+
+def test_an_iterator_left_to_the_collector_shuts_its_workers_down_with_its_queues_intact(corpus, tok_path):
+    """A loader and its iterator in a reference cycle (as a trainer's objects hold them) are freed by
+    the collector. Its queues and worker processes must not be in that batch: the collector would
+    finalize them in any order, closing their pipes before the iterator's __del__ uses them (a stale
+    descriptor closed twice: EBADF at another loader's fork, issue 46's notes)."""
+    kept = torchdata_compat.kept_for_shutdown()
+    pids = []
+
+    def drop():
+        loader, it, _ = _run(corpus, tok_path, 3)
+        pids.extend(w.pid for w in loader._iterator._workers)
+        assert torchdata_compat.kept_for_shutdown() == kept + 1
+        holder = {"loader": loader, "it": it}
+        holder["self"] = holder  # reachable only through this cycle once dropped
+
+    garbage = _garbage_with(drop)
+    assert "_StatefulMultiProcessingDataLoaderIter" in garbage  # the cycle was the collector's to free
+    assert not {"DirectQueue", "Queue", "Connection", "ForkProcess", "Popen"} & set(garbage), garbage
+    assert torchdata_compat.kept_for_shutdown() == kept  # let go once the iterator went
+    for pid in pids:  # the workers got their exit message and were joined
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_an_iterator_without_the_parts_of_torchs_shutdown_is_left_to_the_collector():
+    class Bare:  # another torchdata's iterator: nothing to keep
+        pass
+
+    kept = torchdata_compat.kept_for_shutdown()
+    it = Bare()
+    assert torchdata_compat.keep_for_shutdown(it) is it
+    assert torchdata_compat.kept_for_shutdown() == kept
 
 
 # --- Accelerate --------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ class RecordWorker:
         import gc
 
         with open(os.path.join(self.folder, f"gc-{worker_id}"), "w") as f:
-            f.write(f"{list(gc.get_threshold())} {gc.get_freeze_count() > 0}")
+            f.write(f"{list(gc.get_threshold())} {gc.get_freeze_count() > 0} {gc.isenabled()}")
         import pyarrow as pa
 
         with open(os.path.join(self.folder, f"pool-{worker_id}"), "w") as f:
@@ -61,8 +61,83 @@ def test_workers_collect_garbage_less_often_and_the_training_process_as_it_was(c
     loader = pretrain(corpus[0], tokenizer=tok_path, seq_len=63, batch_size=2, buffer_size=16, num_workers=2,
                       worker_init_fn=RecordWorker(str(tmp_path)))
     next(iter(loader))
-    assert [open(tmp_path / f"gc-{w}").read() for w in (0, 1)] == [f"{list(THRESHOLDS)} True"] * 2
-    assert gc.get_threshold() == before != THRESHOLDS
+    assert [open(tmp_path / f"gc-{w}").read() for w in (0, 1)] == [f"{list(THRESHOLDS)} True True"] * 2
+    assert gc.get_threshold() == before != THRESHOLDS and gc.isenabled()
+
+
+def test_a_training_process_without_the_collector_gets_workers_without_it(corpus, tok_path, tmp_path):
+    import gc
+
+    gc.disable()
+    try:
+        loader = pretrain(corpus[0], tokenizer=tok_path, seq_len=63, batch_size=2, buffer_size=16, num_workers=2,
+                          worker_init_fn=RecordWorker(str(tmp_path)))
+        next(iter(loader))
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+    assert [open(tmp_path / f"gc-{w}").read().split()[-1] for w in (0, 1)] == ["False"] * 2
+
+
+_at_fork = {"on": False, "enabled": [], "canary": None}
+
+
+def _before_fork():
+    if _at_fork["on"]:
+        import gc
+
+        _at_fork["enabled"].append(gc.isenabled())
+
+
+def _in_child():
+    if _at_fork["on"] and _at_fork["canary"] is not None:
+        import gc
+
+        # what the collector inherited is collected in the child only if it runs before the worker freezes it
+        gc.unfreeze()
+        gc.set_threshold(1, 1, 1)
+        # a full collection where the collector is on: it runs once the objects that survived the younger
+        # generations since the last one are a quarter of the oldest generation's
+        _ = [[] for _ in range(len(gc.get_objects(2)) // 2)]
+
+
+class _Canary:
+    def __init__(self, path):
+        self.path, self.pid, self.me = path, os.getpid(), self
+
+    def __del__(self):
+        if os.getpid() != self.pid:
+            with open(self.path, "a") as f:
+                f.write(f"{os.getpid()}\n")
+
+
+def test_no_collection_while_the_workers_are_forked_nor_in_them_before_they_settle(corpus, tok_path, tmp_path):
+    """pipes/loader/worker_gc.py: a collection in the training process during the forks could finalize an
+    earlier loader's iterator mid-fork; one in a worker before it freezes what it inherited would run
+    the __del__ of the training process's garbage there (an old iterator stopping workers that are not
+    its children). A garbage object with a __del__, frozen in the training process so that it survives
+    to the fork, is unfrozen in each child right after the fork, and allocations follow: no worker may
+    collect it."""
+    import gc
+
+    if not _at_fork.get("registered"):
+        os.register_at_fork(before=_before_fork, after_in_child=_in_child)
+        _at_fork["registered"] = True
+    _at_fork["enabled"].clear()
+    canary = str(tmp_path / "collected-in")
+    loader = pretrain(corpus[0], tokenizer=tok_path, seq_len=63, batch_size=2, buffer_size=16, num_workers=2)
+    _Canary(canary)  # garbage at once: a cycle, left to the collector
+    gc.freeze()
+    _at_fork.update(on=True, canary=canary)
+    try:
+        next(iter(loader))
+    finally:
+        _at_fork["on"] = False
+        gc.unfreeze()
+        gc.collect()
+    assert not os.path.exists(canary), open(canary).read()
+    assert _at_fork["enabled"] == [False, False]  # the training process did not collect during the forks
+    assert not os.path.exists(canary), open(canary).read()
 
 
 def test_workers_take_arrows_buffers_from_jemalloc_and_the_training_process_keeps_its_pool(corpus, tok_path,

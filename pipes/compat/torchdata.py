@@ -35,7 +35,8 @@ then), so a state taken after the end, or while a rank pads, has no steps since 
 The iterator. `IteratorHook` runs a loader's ``start_iterator`` around
 ``StatefulDataLoader._get_iterator``, where a new iterator forks its workers;
 `current_iterator` and `stop_workers` read and reset ``_iterator`` and call the iterator's
-``_shutdown_workers``; `batches_ready` reads its queues and early batches (``loader.figures()``). Fallback where torchdata differs (`iterator_hook_ok` False): the loader
+``_shutdown_workers``; `keep_for_shutdown` keeps what that shutdown uses alive until the iterator is
+freed (the collector would finalize it first); `batches_ready` reads its queues and early batches (``loader.figures()``). Fallback where torchdata differs (`iterator_hook_ok` False): the loader
 calls ``start_iterator`` around its whole ``iter()`` and sends batches through the pipe (no
 shared-memory ring, whose rings must be made for each new set of workers), and stopped workers
 are left to the garbage collector (tests/test_compat.py forces it).
@@ -45,6 +46,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import itertools
 import weakref
 from typing import Any, Callable, Dict, Mapping, NamedTuple, Optional
 
@@ -299,6 +301,47 @@ def batches_ready(it: Any) -> Optional[int]:
         return early + sum(q.qsize() for q in queues.values())
     except (AttributeError, NotImplementedError, TypeError):
         return None
+
+
+#: What a multi-process iterator's ``_shutdown_workers`` uses (torch's and torchdata's iterators).
+SHUTDOWN_PARTS = ("_workers", "_index_queues", "_worker_result_queue", "_data_queue", "_workers_done_event",
+                  "_pin_memory_thread", "_pin_memory_thread_done_event")
+_kept_for_shutdown: Dict[int, tuple] = {}
+_kept_keys = itertools.count()
+
+
+def keep_for_shutdown(it: Any) -> Any:
+    """Keep what ``it``'s shutdown uses (`SHUTDOWN_PARTS`: its queues, worker processes, events)
+    alive until ``it`` is freed, so that its ``__del__`` stops its workers with them intact; returns ``it``.
+
+    Why: an iterator that is only reachable through a reference cycle (a loader in a trainer's
+    objects, a traceback) is freed by the garbage collector together with its queues and worker
+    processes, and the collector finalizes those in any order. A queue's `Connection` then closes its
+    pipe without forgetting the descriptor's number, and a worker's ``Popen`` closes its sentinel;
+    the iterator's ``__del__`` runs after, puts the workers' exit message into that queue (a feeder
+    thread starts and, once the queue is closed, closes the stale number again) and waits on the
+    stale sentinel. The number may belong by then to another file: a pipe a new loader is forking its
+    workers with (a Lightning job that ran three fits in one process failed so, ``EBADF`` in
+    multiprocessing's fork), or the pipe of another iterator's queue. Kept reachable from here, the
+    parts are not in the collector's batch of garbage: a weak reference's callback lets go of them
+    first (the collector calls those before any ``__del__``), the iterator's ``__del__`` shuts the
+    workers down the normal way, and the parts are freed after it. An iterator freed by its reference
+    count runs its ``__del__`` before its weak references' callbacks: the same order.
+
+    Fallback: an iterator without ``_shutdown_workers`` or any of these parts (another torchdata) is
+    left to the collector as it was (tests/test_compat.py forces it)."""
+    parts = tuple(getattr(it, name) for name in SHUTDOWN_PARTS if hasattr(it, name))
+    if not parts or getattr(it, "_shutdown_workers", None) is None:
+        return it
+    key = next(_kept_keys)
+    _kept_for_shutdown[key] = parts
+    weakref.finalize(it, _kept_for_shutdown.pop, key, None).atexit = False
+    return it
+
+
+def kept_for_shutdown() -> int:
+    """How many iterators have their shutdown's parts kept (tests)."""
+    return len(_kept_for_shutdown)
 
 
 def stop_workers(loader: Any, it: Any) -> None:

@@ -49,12 +49,13 @@ from .tally import Tally
 from .wait_clock import WaitClock
 from .node_dataset import GraphFactory, NodeDataset, ShardContext  # noqa: F401 (re-exported)
 from ..compat.accelerate import AcceleratePrepared
-from ..compat.torchdata import (IteratorHook, batches_ready, current_iterator, keep_snapshots_flat, nested_snapshot,
-                                steps_since_snapshot)
+from ..compat.torchdata import (IteratorHook, batches_ready, current_iterator, keep_for_shutdown, keep_snapshots_flat,
+                                nested_snapshot, steps_since_snapshot)
 from ..sources.first_fetches import wait_before_fork
 from .wire import STATS_KEY
 from .wire_ring import make_rings, uses_fork
 from .worker_start import WORKER_START
+from .worker_gc import no_collection_while_forking
 
 log = logging.getLogger("tokenloom")
 
@@ -195,8 +196,8 @@ class TokenLoomLoader(AcceleratePrepared, IteratorHook, StatefulDataLoader):
         try:
             if self.num_workers == 0:
                 return keep_snapshots_flat(make())
-            with WORKER_START:
-                return keep_snapshots_flat(make())
+            with WORKER_START, no_collection_while_forking():
+                return keep_for_shutdown(keep_snapshots_flat(make()))
         finally:
             if self.num_workers > 0:
                 self.dataset.armed = False  # its workers are forked: later forks are not tokenloom's
