@@ -186,9 +186,15 @@ def test_an_iterator_without_the_parts_of_torchs_shutdown_is_left_to_the_collect
     class Bare:  # another torchdata's iterator: nothing to keep
         pass
 
+    class Slotted:  # the parts, but no weak references: nothing could let go of them
+        __slots__ = ("_workers", "_index_queues", "_shutdown_workers")
+
     kept = torchdata_compat.kept_for_shutdown()
     it = Bare()
     assert torchdata_compat.keep_for_shutdown(it) is it
+    slotted = Slotted()
+    slotted._workers, slotted._index_queues, slotted._shutdown_workers = [], [], lambda: None
+    assert torchdata_compat.keep_for_shutdown(slotted) is slotted
     assert torchdata_compat.kept_for_shutdown() == kept
 
 

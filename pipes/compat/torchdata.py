@@ -328,14 +328,17 @@ def keep_for_shutdown(it: Any) -> Any:
     workers down the normal way, and the parts are freed after it. An iterator freed by its reference
     count runs its ``__del__`` before its weak references' callbacks: the same order.
 
-    Fallback: an iterator without ``_shutdown_workers`` or any of these parts (another torchdata) is
-    left to the collector as it was (tests/test_compat.py forces it)."""
+    Fallback: an iterator without ``_shutdown_workers`` or any of these parts (another torchdata), or
+    without weak references, is left to the collector as it was (tests/test_compat.py forces it)."""
     parts = tuple(getattr(it, name) for name in SHUTDOWN_PARTS if hasattr(it, name))
     if not parts or getattr(it, "_shutdown_workers", None) is None:
         return it
     key = next(_kept_keys)
+    try:
+        weakref.finalize(it, _kept_for_shutdown.pop, key, None).atexit = False
+    except TypeError:  # no weak references to it: nothing would let go of the parts
+        return it
     _kept_for_shutdown[key] = parts
-    weakref.finalize(it, _kept_for_shutdown.pop, key, None).atexit = False
     return it
 
 
