@@ -62,9 +62,9 @@ class StatsIterator:
         self._loader.round_over()
 
     def _stop_workers(self) -> None:
-        # The graph failed: stop the workers now. Left to a later gc pass (the traceback holds
-        # the iterator in a cycle), the queues close first and the shutdown then waits 5 s per
-        # worker for an exit signal it can no longer send (10 s with 2 workers, measured).
+        # The graph failed: stop the workers now. The traceback holds the iterator in a cycle, so
+        # otherwise they (and their memory) would stay until a later gc pass, wherever the
+        # training process then is (compat/torchdata.py's keep_for_shutdown keeps that shutdown whole).
         stop_workers(self._loader, self._it)
 
     def __next__(self):
